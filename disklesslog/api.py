@@ -1,0 +1,296 @@
+"""The backend-independent API: :class:`AbstractLog` and :class:`Stream`.
+
+An application codes against these two classes and chooses a storage backend by URL
+only (KIP-1183's idea of one log layer over interchangeable storage). Behaviour that
+follows from the abstract operations (reading records from batches, tailing, single
+appends, argument checking) is implemented once here; backends supply the storage.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import TYPE_CHECKING, Any
+
+from .config import StreamConfig
+from .errors import (
+    ConfigError,
+    InvalidStreamName,
+    LogClosedError,
+    OffsetOutOfRange,
+    StreamNotFound,
+)
+from .records import Record, RecordBatch
+
+if TYPE_CHECKING:
+    from .writer import Writer
+
+__all__ = ["AbstractLog", "Stream", "StreamInfo", "check_offset", "validate_stream_name"]
+
+_NAME = re.compile(r"[A-Za-z0-9._-]{1,249}")
+
+
+def validate_stream_name(name: object) -> str:
+    """Return ``name`` if it is a valid stream name, else raise :class:`InvalidStreamName`.
+
+    Names are 1-249 characters of ``[A-Za-z0-9._-]`` and neither ``.`` nor ``..``
+    (Kafka's topic rule). A valid name can never be a path: it has no separator.
+    """
+    if not isinstance(name, str):
+        raise InvalidStreamName(f"a stream name must be a str, not {type(name).__name__}")
+    if not _NAME.fullmatch(name) or name in (".", ".."):
+        shown = name if len(name) <= 60 else name[:57] + "..."
+        raise InvalidStreamName(
+            f"invalid stream name {shown!r}: use 1-249 characters of letters, digits, "
+            "'.', '_' and '-' (not '.' or '..')"
+        )
+    return name
+
+
+def check_offset(value: object, what: str) -> int:
+    """Return ``value`` if it is a non-negative int offset, else raise a typed error."""
+    if type(value) is not int:
+        raise ConfigError(f"{what} must be an int offset, not {type(value).__name__}")
+    if value < 0:
+        raise OffsetOutOfRange(
+            f"{what}={value} is negative; offsets start at 0", start_offset=0, end_offset=-1
+        )
+    return value
+
+
+@dataclass(frozen=True)
+class StreamInfo:
+    """A snapshot of a stream's extent and settings."""
+
+    name: str
+    start_offset: int
+    end_offset: int
+    config: StreamConfig
+    size_bytes: int
+    details: dict[str, Any] = field(default_factory=dict)
+    """Backend-specific facts (for the local backend: its segments)."""
+
+
+class Stream(ABC):
+    """One ordered, append-only sequence of records with dense offsets from 0.
+
+    Handles are cheap and thread-safe; get them from :meth:`AbstractLog.stream`.
+    """
+
+    def __init__(self, log: AbstractLog, name: str) -> None:
+        self._log = log
+        self._name = name
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    @property
+    def log(self) -> AbstractLog:
+        return self._log
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self._name!r} of {self._log.url}>"
+
+    # ----------------------------------------------------------------- appending
+
+    def append(
+        self,
+        value: bytes | None,
+        key: bytes | None = None,
+        headers: Any = None,
+        timestamp: int | None = None,
+    ) -> int:
+        """Append one record and return its offset once it is durable.
+
+        ``value=None`` is a tombstone. ``headers`` is a dict or a sequence of
+        ``(str, bytes | None)`` pairs. ``timestamp`` defaults to now (ms).
+        """
+        return self.append_batch(
+            [value],
+            keys=None if key is None else [key],
+            headers=None if headers is None else [headers],
+            timestamps=timestamp,
+        )[0]
+
+    @abstractmethod
+    def append_batch(
+        self,
+        values: Iterable[bytes | None],
+        *,
+        keys: Iterable[bytes | None] | None = None,
+        headers: Iterable[Any] | None = None,
+        timestamps: int | Sequence[int] | None = None,
+    ) -> list[int]:
+        """Append records atomically (all or none) and return their offsets.
+
+        Records are given as columns: ``values`` plus optional parallel ``keys`` and
+        ``headers``; ``timestamps`` is one int for all, one per record, or ``None`` (now).
+        """
+
+    # ------------------------------------------------------------------- reading
+
+    @abstractmethod
+    def read_batches(
+        self, start: int | None = None, end: int | None = None, *, max_records: int | None = None
+    ) -> Iterator[RecordBatch]:
+        """Yield records from ``start`` (default: the start offset) up to ``end`` or the
+        end offset at call time, as column batches, in offset order.
+
+        The bulk interface: no Python object per record. Raises
+        :class:`~disklesslog.OffsetOutOfRange` when ``start`` is below the start offset
+        or above the end offset, and :class:`~disklesslog.CorruptDataError` instead of
+        returning bytes that fail their checksum.
+        """
+
+    def read(
+        self, start: int | None = None, end: int | None = None, *, max_records: int | None = None
+    ) -> Iterator[Record]:
+        """Yield :class:`Record` objects; arguments as for :meth:`read_batches`."""
+        for batch in self.read_batches(start, end, max_records=max_records):
+            yield from batch.records()
+
+    def follow(
+        self,
+        start: int | None = None,
+        *,
+        poll_interval: float = 0.1,
+        idle_timeout: float | None = None,
+    ) -> Iterator[Record]:
+        """Yield records from ``start`` (default: the end offset, i.e. only new records)
+        as they are appended, forever or until ``idle_timeout`` seconds pass without one.
+
+        Polls the end offset, backing off from 1 ms up to ``poll_interval`` while idle.
+        Waits for the stream to be created if it does not exist yet.
+        """
+        if poll_interval <= 0:
+            raise ConfigError("poll_interval must be positive")
+        position = start
+        delay = min(0.001, poll_interval)
+        idle_since = time.monotonic()
+        while True:
+            if position is None:
+                position = self._end_offset_or_none()
+            progressed = False
+            if position is not None:
+                for batch in self.read_batches(position):
+                    yield from batch.records()
+                    position = batch.offsets[-1] + 1
+                    progressed = True
+            if progressed:
+                delay = min(0.001, poll_interval)
+                idle_since = time.monotonic()
+                continue
+            if idle_timeout is not None and time.monotonic() - idle_since >= idle_timeout:
+                return
+            time.sleep(delay)
+            delay = min(delay * 2, poll_interval)
+
+    def _end_offset_or_none(self) -> int | None:
+        """The end offset, or ``None`` while the stream does not exist."""
+        try:
+            return self.end_offset
+        except StreamNotFound:
+            return None
+
+    @abstractmethod
+    def offset_for_time(self, timestamp_ms: int) -> int | None:
+        """The first offset whose record timestamp is >= ``timestamp_ms``, judged batch by
+        batch by their max timestamp as Kafka does; ``None`` when no record is that late."""
+
+    # --------------------------------------------------------------------- extent
+
+    @property
+    @abstractmethod
+    def start_offset(self) -> int:
+        """The first offset still kept (moves forward with :meth:`trim`)."""
+
+    @property
+    @abstractmethod
+    def end_offset(self) -> int:
+        """The high watermark: the offset the next record will get."""
+
+    @abstractmethod
+    def trim(self, before_offset: int) -> None:
+        """Drop records below ``before_offset`` (moves the start offset; never past the end)."""
+
+    @abstractmethod
+    def info(self) -> StreamInfo:
+        """Extent, size and configuration of the stream."""
+
+    @property
+    def config(self) -> StreamConfig:
+        return self.info().config
+
+
+class AbstractLog(ABC):
+    """A named set of streams at one URL. Open with :func:`disklesslog.open`.
+
+    Thread-safe. Use as a context manager or call :meth:`close`.
+    """
+
+    def __init__(self, url: str) -> None:
+        self._url = url
+        self._closed = False
+
+    @property
+    def url(self) -> str:
+        return self._url
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else "open"
+        return f"<{type(self).__name__} {self._url} ({state})>"
+
+    def __enter__(self) -> AbstractLog:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise LogClosedError(f"{self._url} is closed")
+
+    def __contains__(self, name: object) -> bool:
+        return isinstance(name, str) and name in self.streams()
+
+    @abstractmethod
+    def stream(self, name: str) -> Stream:
+        """A handle for stream ``name`` (validated; created by its first append)."""
+
+    @abstractmethod
+    def create_stream(self, name: str, **config: Any) -> Stream:
+        """Create ``name`` with :class:`StreamConfig` options; idempotent when the stream
+        exists with the same configuration, :class:`~disklesslog.StreamExistsError` otherwise."""
+
+    @abstractmethod
+    def streams(self) -> list[str]:
+        """Names of all streams, sorted."""
+
+    @abstractmethod
+    def delete_stream(self, name: str) -> None:
+        """Delete a stream and all its records."""
+
+    @abstractmethod
+    def writer(
+        self, *, linger_ms: float | None = None, max_buffer_bytes: int | None = None
+    ) -> Writer:
+        """A buffering writer: ``append(stream, ...)`` returns a future; batches flush after
+        ``linger_ms`` or once ``max_buffer_bytes`` are buffered."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """Flush and release everything; idempotent."""

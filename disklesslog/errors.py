@@ -1,0 +1,112 @@
+"""One exception hierarchy, rooted at :class:`DisklessLogError`.
+
+Every failure a caller can cause or must handle is a subclass with a message that says
+what to do next. Where a builtin category fits, the error also derives from it
+(``ValueError``, ``TypeError``, ``LookupError``), so generic handlers keep working.
+A failed call leaves nothing visible: no half-written batch, no partial stream.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "ConfigError",
+    "CorruptDataError",
+    "DisklessLogError",
+    "IncompleteBatchError",
+    "InvalidRecordError",
+    "InvalidStreamName",
+    "InvalidURL",
+    "LogClosedError",
+    "OffsetOutOfRange",
+    "RecordTooLarge",
+    "StreamExistsError",
+    "StreamNotFound",
+]
+
+
+class DisklessLogError(Exception):
+    """Base class of every error this library raises on purpose."""
+
+
+class ConfigError(DisklessLogError, ValueError):
+    """An option or configuration value is unknown or out of range."""
+
+
+class InvalidURL(ConfigError):
+    """A log URL cannot be opened: unknown scheme, malformed, or not a log."""
+
+
+class InvalidStreamName(DisklessLogError, ValueError):
+    """A stream name breaks the naming rule (1-249 of ``[A-Za-z0-9._-]``, not ``.``/``..``)."""
+
+
+class InvalidRecordError(DisklessLogError, TypeError):
+    """A record field has the wrong type or shape (e.g. ``str`` where ``bytes`` belongs).
+
+    Derives from ``TypeError`` because that is what the mistake is; nothing was written.
+    """
+
+
+class RecordTooLarge(DisklessLogError, ValueError):
+    """A record or batch exceeds ``max_record_bytes`` / ``max_batch_bytes``; nothing was written."""
+
+
+class StreamNotFound(DisklessLogError, LookupError):
+    """The stream does not exist (it is created by its first append or ``create_stream``)."""
+
+
+class StreamExistsError(DisklessLogError):
+    """``create_stream`` found the stream already present with a different configuration."""
+
+
+class OffsetOutOfRange(DisklessLogError, LookupError):
+    """An offset lies outside ``[start_offset, end_offset]`` of a stream.
+
+    Below the start offset the records were trimmed; above the end offset they do not
+    exist yet. ``start_offset``/``end_offset`` carry the valid range at the time of the call.
+    """
+
+    def __init__(self, message: str, *, start_offset: int, end_offset: int) -> None:
+        super().__init__(message)
+        self.start_offset = start_offset
+        self.end_offset = end_offset
+
+
+class CorruptDataError(DisklessLogError):
+    """Stored bytes failed validation (checksum, magic, length, structure).
+
+    Reads never return data that failed its checksum; they raise this instead.
+    ``source`` names the file or object and ``position`` the byte offset of the bad
+    batch inside it, so ``disklesslog verify`` and operators can find it.
+    """
+
+    def __init__(self, reason: str, *, source: str | None = None, position: int | None = None):
+        self.reason = reason
+        self.source = source
+        self.position = position
+        super().__init__(self._describe())
+
+    def _describe(self) -> str:
+        where = ""
+        if self.source is not None:
+            where = f" in {self.source}"
+        if self.position is not None:
+            where += f" at byte {self.position}"
+        return f"corrupt data{where}: {self.reason}"
+
+    def located(self, source: str, base_position: int) -> CorruptDataError:
+        """Return a copy of this error placed in ``source``, its position shifted by a base."""
+        position = None if self.position is None else base_position + self.position
+        return type(self)(self.reason, source=source, position=position)
+
+
+class IncompleteBatchError(CorruptDataError):
+    """The input ends before the batch does.
+
+    At the tail of an active segment this means "not fully written yet" (or torn by a
+    crash) and scanners treat it as the end of the data; anywhere else it is corruption.
+    """
+
+
+class LogClosedError(DisklessLogError):
+    """The log, stream or writer was used after ``close()``."""

@@ -1,0 +1,22 @@
+"""The local segment-file backend (bare paths and ``file://`` URLs)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..api import AbstractLog
+from ..errors import InvalidURL
+from ..urls import register_backend
+from .log import SegmentLog, SegmentStream
+from .store import FSYNC_POLICIES
+
+__all__ = ["FSYNC_POLICIES", "SegmentLog", "SegmentStream"]
+
+
+def _open(url: str, location: str, options: dict[str, Any]) -> AbstractLog:
+    if "://" in url and not url.lower().startswith("file://"):
+        raise InvalidURL(f"the segments backend stores logs in local directories, not {url!r}")
+    return SegmentLog(location, url=url, **options)
+
+
+register_backend("segments", _open, schemes=("file",))

@@ -1,0 +1,158 @@
+"""Names and small files of a local log directory (see ``docs/format.md``, "Local logs").
+
+::
+
+    <log>/disklesslog.json              marks the directory as a log (format + version)
+    <log>/streams/<name>/stream.json    the stream's StreamConfig, written once
+    <log>/streams/<name>/stream.state   48-byte state record; also the stream's lock file
+    <log>/streams/<name>/<20 digits>.log / .index / .timeindex   one segment
+    <log>/tmp/                          staging for atomic stream creation and deletion
+    <log>/groups/                       reserved for consumer-group offsets
+
+Stream names are validated before they get here, so ``streams/<name>`` never leaves
+the log directory.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..errors import InvalidURL
+from ..format import crc32c
+
+MARKER = "disklesslog.json"
+MARKER_CONTENT = {"format": "disklesslog-segments", "version": 1}
+STREAMS = "streams"
+TMP = "tmp"
+CONFIG = "stream.json"
+STATE = "stream.state"
+LOG_SUFFIX = ".log"
+INDEX_SUFFIX = ".index"
+TIMEINDEX_SUFFIX = ".timeindex"
+_DIGITS = 20
+
+_STATE = struct.Struct("<4sIQQQQII")
+STATE_SIZE = _STATE.size  # 48
+_STATE_MAGIC = b"DLST"
+FLAG_DELETED = 1
+
+
+def segment_name(base_offset: int, suffix: str) -> str:
+    return f"{base_offset:0{_DIGITS}d}{suffix}"
+
+
+def parse_segment_name(filename: str) -> int | None:
+    """Base offset of a ``.log`` file name, or ``None`` if it is not one."""
+    if len(filename) == _DIGITS + len(LOG_SUFFIX) and filename.endswith(LOG_SUFFIX):
+        digits = filename[:_DIGITS]
+        if digits.isascii() and digits.isdigit():
+            return int(digits)
+    return None
+
+
+def list_segments(stream_dir: Path) -> list[int]:
+    """Base offsets of the ``.log`` files in a stream directory, ascending."""
+    bases = (parse_segment_name(entry) for entry in os.listdir(stream_dir))
+    return sorted(base for base in bases if base is not None)
+
+
+@dataclass(frozen=True)
+class StreamState:
+    """What every process appending to or reading a stream must agree on.
+
+    ``generation`` changes whenever the set of segments or the start offset changes,
+    telling other processes to re-list the directory. ``active_segment`` names the
+    segment appends go to; a newer file is a leftover of a crashed roll. The recovery
+    point (``recovery_position`` in the active segment, where ``recovery_offset``
+    starts) marks the bytes already verified and synced: recovery scans only after it.
+    """
+
+    generation: int = 0
+    start_offset: int = 0
+    active_segment: int = 0
+    recovery_offset: int = 0
+    recovery_position: int = 0
+    flags: int = 0
+
+    @property
+    def deleted(self) -> bool:
+        return bool(self.flags & FLAG_DELETED)
+
+    def encode(self) -> bytes:
+        body = _STATE.pack(
+            _STATE_MAGIC,
+            0,
+            self.generation,
+            self.start_offset,
+            self.active_segment,
+            self.recovery_offset,
+            self.recovery_position,
+            self.flags,
+        )
+        crc = crc32c(memoryview(body)[8:])
+        return body[:4] + struct.pack("<I", crc) + body[8:]
+
+    @classmethod
+    def decode(cls, raw: bytes) -> StreamState | None:
+        """The state in ``raw``, or ``None`` if it is missing, short or fails its CRC."""
+        if len(raw) != STATE_SIZE:
+            return None
+        magic, crc, generation, start, active, rec_offset, rec_pos, flags = _STATE.unpack(raw)
+        if magic != _STATE_MAGIC or crc != crc32c(memoryview(raw)[8:]):
+            return None
+        return cls(generation, start, active, rec_offset, rec_pos, flags)
+
+
+def write_marker(root: Path) -> None:
+    (root / STREAMS).mkdir(parents=True, exist_ok=True)
+    (root / TMP).mkdir(exist_ok=True)
+    marker = root / MARKER
+    if not marker.exists():
+        tmp = root / TMP / f"{MARKER}.{os.getpid()}"
+        tmp.write_text(json.dumps(MARKER_CONTENT) + "\n")
+        os.replace(tmp, marker)
+
+
+def check_log_directory(root: Path, *, create: bool) -> None:
+    """Make sure ``root`` is a local log (creating one in a new or empty directory)."""
+    if root.exists() and not root.is_dir():
+        raise InvalidURL(f"{root} is a file, not a log directory")
+    marker = root / MARKER
+    if marker.exists():
+        try:
+            content: Any = json.loads(marker.read_text())
+        except (OSError, ValueError) as exc:
+            raise InvalidURL(f"{marker} is unreadable: {exc}") from None
+        if not isinstance(content, dict) or content.get("format") != MARKER_CONTENT["format"]:
+            raise InvalidURL(f"{root} holds a log of another kind: {content!r}")
+        if content.get("version") != MARKER_CONTENT["version"]:
+            raise InvalidURL(
+                f"{root} is a version {content.get('version')} log; this disklesslog reads "
+                f"version {MARKER_CONTENT['version']}"
+            )
+        (root / STREAMS).mkdir(exist_ok=True)
+        (root / TMP).mkdir(exist_ok=True)
+        return
+    if root.exists() and any(root.iterdir()):
+        raise InvalidURL(
+            f"{root} is a non-empty directory that is not a disklesslog log; "
+            "open an empty or new directory instead"
+        )
+    if not create:
+        raise InvalidURL(f"{root} is not a log (no {MARKER}); pass create=True to make one")
+    root.mkdir(parents=True, exist_ok=True)
+    write_marker(root)
+
+
+def fsync_directory(path: Path) -> None:
+    """Make a directory's entries (new, renamed, deleted files) durable."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

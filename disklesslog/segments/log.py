@@ -1,0 +1,443 @@
+"""The local segment-file backend: :class:`SegmentLog` and :class:`SegmentStream`.
+
+A log is a directory; each stream a sub-directory of segment files (see
+:mod:`~disklesslog.segments.layout`). Several processes may open the same log and
+append to the same stream at once. Durability follows the ``fsync`` policy:
+
+``"always"``
+    every append is fsynced before it returns: survives process crashes, OS crashes
+    and power loss. Costs a disk flush per append (or per batch: batch your appends).
+``"interval"`` (default)
+    appends are written to the OS before they return (they survive a crash of the
+    process) and a background thread fsyncs every ``fsync_interval_ms`` (1000): an OS
+    crash or power loss loses at most about that much recently appended data.
+``"never"``
+    written to the OS only: survives process crashes; after an OS crash or power loss
+    recent data may be lost. Reads still never return bytes that fail their checksum.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import functools
+import json
+import os
+import shutil
+import threading
+import time
+import uuid
+import weakref
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+from ..api import AbstractLog, Stream, StreamInfo, check_offset, validate_stream_name
+from ..config import StreamConfig
+from ..errors import (
+    ConfigError,
+    CorruptDataError,
+    StreamExistsError,
+    StreamNotFound,
+)
+from ..format import EncodedBatch, encode_batch, encode_record
+from ..records import RecordBatch
+from ..writer import Writer
+from . import reader
+from .layout import (
+    CONFIG,
+    LOG_SUFFIX,
+    STATE,
+    STREAMS,
+    TMP,
+    StreamState,
+    check_log_directory,
+    fsync_directory,
+    segment_name,
+)
+from .store import FSYNC_POLICIES, StreamGone, StreamStore
+
+__all__ = ["SegmentLog", "SegmentStream"]
+
+T = TypeVar("T")
+
+_CONFIG_VERSION = 1
+_GONE_RETRIES = 20
+DEFAULT_LINGER_MS = 5
+DEFAULT_MAX_BUFFER_BYTES = 8 << 20
+
+
+class SegmentLog(AbstractLog):
+    """A log of streams stored as segment files in a local directory."""
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        url: str | None = None,
+        fsync: str = "interval",
+        fsync_interval_ms: int = 1000,
+        create: bool = True,
+        **stream_defaults: Any,
+    ) -> None:
+        root = Path(path).absolute()
+        super().__init__(url or str(root))
+        if fsync not in FSYNC_POLICIES:
+            raise ConfigError(f"fsync={fsync!r} is unknown; choose one of {list(FSYNC_POLICIES)}")
+        if type(fsync_interval_ms) is not int or not 1 <= fsync_interval_ms <= 3_600_000:
+            raise ConfigError("fsync_interval_ms must be an int in 1..3600000")
+        self._defaults = StreamConfig.from_dict(stream_defaults)
+        check_log_directory(root, create=create)
+        self.path = root
+        self._fsync = fsync
+        self._stores: dict[str, StreamStore] = {}
+        self._lock = threading.Lock()
+        self._writers: weakref.WeakSet[Writer] = weakref.WeakSet()
+        self._stop = threading.Event()
+        self._syncer: threading.Thread | None = None
+        if fsync == "interval":
+            self._syncer = threading.Thread(
+                target=self._sync_loop,
+                args=(fsync_interval_ms / 1000.0,),
+                name=f"disklesslog-fsync {root}",
+                daemon=True,
+            )
+            self._syncer.start()
+
+    @property
+    def stream_defaults(self) -> StreamConfig:
+        """The configuration new streams get unless ``create_stream`` says otherwise."""
+        return self._defaults
+
+    # ------------------------------------------------------------- streams
+
+    def stream(self, name: str) -> SegmentStream:
+        self._check_open()
+        return SegmentStream(self, validate_stream_name(name))
+
+    def create_stream(self, name: str, **config: Any) -> SegmentStream:
+        self._check_open()
+        validate_stream_name(name)
+        wanted = self._defaults.replace(**config)
+        directory = self._stream_dir(name)
+        if not directory.exists():
+            self._create_directory(name, wanted)
+        existing = self._read_config(name)
+        if existing != wanted:
+            raise StreamExistsError(
+                f"stream {name!r} already exists with a different configuration: {existing}"
+            )
+        return SegmentStream(self, name)
+
+    def streams(self) -> list[str]:
+        self._check_open()
+        names = []
+        for entry in os.scandir(self.path / STREAMS):
+            if entry.is_dir() and os.path.exists(os.path.join(entry.path, CONFIG)):
+                with contextlib.suppress(Exception):
+                    names.append(validate_stream_name(entry.name))
+        return sorted(names)
+
+    def delete_stream(self, name: str) -> None:
+        self._check_open()
+        validate_stream_name(name)
+        directory = self._stream_dir(name)
+        try:
+            store = self._store(name, create=False)
+        except StreamNotFound:
+            raise StreamNotFound(f"stream {name!r} does not exist in {self.url}") from None
+        store.mark_deleted()
+        self._forget(name, store)
+        graveyard = self.path / TMP / f"deleted-{uuid.uuid4().hex}"
+        try:
+            os.rename(directory, graveyard)
+        except FileNotFoundError:
+            return  # deleted concurrently
+        shutil.rmtree(graveyard, ignore_errors=True)
+        if self._fsync != "never":
+            fsync_directory(self.path / STREAMS)
+
+    # -------------------------------------------------------------- writers
+
+    def writer(
+        self, *, linger_ms: float | None = None, max_buffer_bytes: int | None = None
+    ) -> SegmentWriter:
+        self._check_open()
+        w = SegmentWriter(
+            self,
+            linger_ms=DEFAULT_LINGER_MS if linger_ms is None else linger_ms,
+            max_buffer_bytes=DEFAULT_MAX_BUFFER_BYTES
+            if max_buffer_bytes is None
+            else max_buffer_bytes,
+        )
+        self._writers.add(w)
+        return w
+
+    # ---------------------------------------------------------------- close
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        for w in list(self._writers):
+            with contextlib.suppress(Exception):
+                w.close()
+        self._stop.set()
+        if self._syncer is not None:
+            self._syncer.join()
+        with self._lock:
+            self._closed = True
+            stores, self._stores = list(self._stores.values()), {}
+        for store in stores:
+            store.close()
+
+    # ------------------------------------------------------------ internals
+
+    def _stream_dir(self, name: str) -> Path:
+        return self.path / STREAMS / name
+
+    def _read_config(self, name: str) -> StreamConfig:
+        path = self._stream_dir(name) / CONFIG
+        try:
+            content = json.loads(path.read_text())
+        except FileNotFoundError:
+            raise StreamNotFound(f"stream {name!r} does not exist in {self.url}") from None
+        except (OSError, ValueError) as exc:
+            raise CorruptDataError(f"unreadable stream config: {exc}", source=str(path)) from None
+        if not isinstance(content, dict) or content.get("version") != _CONFIG_VERSION:
+            raise CorruptDataError("unknown stream config version", source=str(path))
+        try:
+            return StreamConfig.from_dict(content.get("config", {}))
+        except ConfigError as exc:
+            raise CorruptDataError(f"invalid stream config: {exc}", source=str(path)) from None
+
+    def _create_directory(self, name: str, config: StreamConfig) -> None:
+        """Create a stream atomically: build it in ``tmp/`` and rename it into place.
+
+        Of several processes creating the same stream at once, one rename wins; the
+        others find the stream existing and use it.
+        """
+        staging = self.path / TMP / f"create-{uuid.uuid4().hex}"
+        staging.mkdir()
+        try:
+            (staging / CONFIG).write_text(
+                json.dumps({"version": _CONFIG_VERSION, "config": config.to_dict()}, indent=1)
+            )
+            (staging / STATE).write_bytes(StreamState().encode())
+            (staging / segment_name(0, LOG_SUFFIX)).touch()
+            if self._fsync != "never":
+                for child in staging.iterdir():
+                    with open(child, "rb+") as f:
+                        os.fsync(f.fileno())
+                fsync_directory(staging)
+            try:
+                os.rename(staging, self._stream_dir(name))
+            except OSError as exc:
+                if exc.errno not in (errno.EEXIST, errno.ENOTEMPTY):
+                    raise
+                return
+            if self._fsync != "never":
+                fsync_directory(self.path / STREAMS)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+
+    def _store(self, name: str, *, create: bool) -> StreamStore:
+        store = self._stores.get(name)  # the hot path: a dict read is atomic
+        if store is not None:
+            return store
+        self._check_open()
+        if not self._stream_dir(name).exists():
+            if not create:
+                raise StreamNotFound(f"stream {name!r} does not exist in {self.url}")
+            self._create_directory(name, self._defaults)
+        config = self._read_config(name)
+        store = StreamStore(self._stream_dir(name), name, config, self._fsync)
+        with self._lock:
+            if self._closed:
+                store.close()
+                self._check_open()
+            existing = self._stores.setdefault(name, store)
+        if existing is not store:
+            store.close()
+        return existing
+
+    def _forget(self, name: str, store: StreamStore) -> None:
+        with self._lock:
+            if self._stores.get(name) is store:
+                del self._stores[name]
+        store.close()
+
+    def _with_store(self, name: str, action: Callable[[StreamStore], T], *, create: bool) -> T:
+        """Run ``action`` on the stream's store, reopening it if the stream was deleted
+        and (for writes) recreated under us."""
+        for attempt in range(_GONE_RETRIES):
+            try:
+                store = self._store(name, create=create)
+            except StreamGone:
+                time.sleep(0.001 * attempt)
+                continue
+            try:
+                return action(store)
+            except StreamGone:
+                self._forget(name, store)
+                time.sleep(0.001 * attempt)
+        raise StreamNotFound(f"stream {name!r} was deleted while in use")
+
+    def _sync_loop(self, interval: float) -> None:
+        while not self._stop.wait(interval):
+            with self._lock:
+                stores = list(self._stores.values())
+            for store in stores:
+                with contextlib.suppress(StreamGone, OSError):
+                    store.sync()
+
+
+class SegmentStream(Stream):
+    """A stream of a :class:`SegmentLog`."""
+
+    _log: SegmentLog
+
+    def append(
+        self,
+        value: bytes | None,
+        key: bytes | None = None,
+        headers: Any = None,
+        timestamp: int | None = None,
+    ) -> int:
+        def append_one(store: StreamStore) -> int:
+            config = store.config
+            batch = encode_record(
+                value,
+                key,
+                headers,
+                timestamp,
+                compression=config.compression,
+                max_record_bytes=config.max_record_bytes,
+                max_batch_bytes=config.max_batch_bytes,
+            )
+            return store.append([batch])[0]
+
+        store = self._log._stores.get(self._name)
+        if store is not None:  # the hot path; a deleted stream takes the slow one
+            try:
+                return append_one(store)
+            except StreamGone:
+                pass
+        return self._log._with_store(self._name, append_one, create=True)
+
+    def append_batch(
+        self,
+        values: Iterable[bytes | None],
+        *,
+        keys: Iterable[bytes | None] | None = None,
+        headers: Iterable[Any] | None = None,
+        timestamps: int | Sequence[int] | None = None,
+    ) -> list[int]:
+        def append_all(store: StreamStore) -> list[int]:
+            config = store.config
+            batch = encode_batch(
+                values,
+                keys,
+                headers,
+                timestamps,
+                compression=config.compression,
+                max_record_bytes=config.max_record_bytes,
+                max_batch_bytes=config.max_batch_bytes,
+            )
+            base = store.append([batch])[0]
+            return list(range(base, base + batch.record_count))
+
+        return self._log._with_store(self._name, append_all, create=True)
+
+    def read_batches(
+        self, start: int | None = None, end: int | None = None, *, max_records: int | None = None
+    ) -> Iterator[RecordBatch]:
+        if start is not None:
+            check_offset(start, "start")
+        if end is not None:
+            check_offset(end, "end")
+        if max_records is not None and (type(max_records) is not int or max_records < 0):
+            raise ConfigError("max_records must be a non-negative int or None")
+        return self._log._with_store(
+            self._name, lambda s: reader.read_batches(s, start, end, max_records), create=False
+        )
+
+    def offset_for_time(self, timestamp_ms: int) -> int | None:
+        if type(timestamp_ms) is not int:
+            raise ConfigError(f"timestamp_ms must be an int, not {type(timestamp_ms).__name__}")
+        return self._log._with_store(
+            self._name, lambda s: reader.offset_for_time(s, timestamp_ms), create=False
+        )
+
+    @property
+    def start_offset(self) -> int:
+        return self._log._with_store(self._name, lambda s: s.snapshot().start_offset, create=False)
+
+    @property
+    def end_offset(self) -> int:
+        return self._log._with_store(self._name, lambda s: s.snapshot().end_offset, create=False)
+
+    def trim(self, before_offset: int) -> None:
+        check_offset(before_offset, "before_offset")
+        self._log._with_store(self._name, lambda s: s.trim(before_offset), create=False)
+
+    def info(self) -> StreamInfo:
+        def describe(store: StreamStore) -> StreamInfo:
+            snap = store.snapshot()
+            last = len(snap.segments) - 1
+            segments = [
+                {
+                    "base_offset": seg.base,
+                    "end_offset": snap.end_offset if i == last else seg.end_offset,
+                    "bytes": size,
+                    "file": seg.log_path.name,
+                }
+                for i, (seg, size) in enumerate(snap.segments)
+            ]
+            return StreamInfo(
+                name=self._name,
+                start_offset=snap.start_offset,
+                end_offset=snap.end_offset,
+                config=store.config,
+                size_bytes=sum(size for _, size in snap.segments),
+                details={"segments": segments, "directory": str(store.directory)},
+            )
+
+        return self._log._with_store(self._name, describe, create=False)
+
+
+class SegmentWriter(Writer):
+    """A :class:`~disklesslog.writer.Writer` for local logs: each flush appends each
+    stream's buffered batches under one lock acquisition (atomic per stream, not across)."""
+
+    def __init__(self, log: SegmentLog, *, linger_ms: float, max_buffer_bytes: int) -> None:
+        self._log = log
+        super().__init__(
+            linger_ms=linger_ms,
+            max_buffer_bytes=max_buffer_bytes,
+            name=f"disklesslog-writer {log.path}",
+        )
+
+    def _config_for(self, stream: str) -> StreamConfig:
+        try:
+            return self._log._read_config(stream)
+        except StreamNotFound:
+            return self._log.stream_defaults
+
+    def _write(
+        self, batches: list[tuple[str, list[EncodedBatch]]]
+    ) -> list[list[int] | BaseException]:
+        results: list[list[int] | BaseException] = []
+        for stream, encoded in batches:
+            try:
+                results.append(
+                    self._log._with_store(
+                        stream, functools.partial(_append_to, encoded), create=True
+                    )
+                )
+            except Exception as exc:  # reported through the stream's futures
+                results.append(exc)
+        return results
+
+
+def _append_to(batches: list[EncodedBatch], store: StreamStore) -> list[int]:
+    return store.append(batches)

@@ -1,0 +1,260 @@
+"""One segment: a ``.log`` file of entries (8-byte base offset + batch) and its indexes.
+
+A segment entry is the batch exactly as :mod:`disklesslog.format` encodes it, preceded
+by the absolute offset of its first record. Entries are contiguous: each base offset
+is the previous one plus the previous batch's span, and the first equals the segment's
+base (its file name). Scanning checks that chain, so a damaged base offset is caught
+even though the CRC does not cover it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import struct
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+from ..errors import CorruptDataError, IncompleteBatchError
+from ..format import (
+    HEADER_SIZE,
+    PREFIX_SIZE,
+    BatchHeader,
+    batch_size,
+    check_batch,
+    decode_batch,
+)
+from ..records import RecordBatch
+from .index import OFFSET_ENTRY, TIME_ENTRY, SparseIndex
+from .layout import INDEX_SUFFIX, LOG_SUFFIX, TIMEINDEX_SUFFIX, segment_name
+
+__all__ = ["ENTRY_PREFIX", "ENTRY_PREFIX_SIZE", "Segment", "iter_entries"]
+
+log = logging.getLogger("disklesslog")
+
+ENTRY_PREFIX = struct.Struct("<Q")
+"""The absolute base offset that precedes each batch in a segment file."""
+ENTRY_PREFIX_SIZE = ENTRY_PREFIX.size
+READ_CHUNK = 1 << 20
+_PEEK = ENTRY_PREFIX_SIZE + HEADER_SIZE
+_LAST_DELTA = struct.Struct("<I")
+_LAST_DELTA_AT = PREFIX_SIZE + 2 + 4  # inside the tail: after attributes and record count
+NO_TIMESTAMP = -1
+
+Entry = tuple[int, int, int, BatchHeader | None, RecordBatch | None]
+
+
+def iter_entries(
+    fd: int,
+    source: str,
+    start: int,
+    end: int,
+    expected_base: int,
+    *,
+    max_batch_bytes: int,
+    decode: bool,
+    skip_below: int = -1,
+) -> Iterator[Entry]:
+    """Walk the entries of a segment file from byte ``start`` to byte ``end``.
+
+    Yields ``(position, base_offset, span, header, batch)``. Entries whose offsets all lie
+    below ``skip_below`` are passed over without checksumming (``header`` and ``batch``
+    are ``None``); the others are verified with :func:`check_batch` (``decode=False``)
+    or decoded (``decode=True``). Raises :class:`IncompleteBatchError` when an entry
+    runs past ``end`` or the file, :class:`CorruptDataError` for anything invalid, both
+    naming ``source`` and the entry's byte position.
+    """
+    pos = start
+    buf = b""
+    buf_pos = start
+    try:
+        while pos < end:
+            off = pos - buf_pos
+            if len(buf) - off < _PEEK:
+                buf = os.pread(fd, min(READ_CHUNK, end - pos), pos)
+                buf_pos, off = pos, 0
+            if len(buf) - off < ENTRY_PREFIX_SIZE + PREFIX_SIZE:
+                raise IncompleteBatchError("entry cut short", position=0)
+            (base,) = ENTRY_PREFIX.unpack_from(buf, off)
+            total = ENTRY_PREFIX_SIZE + batch_size(
+                buf, off + ENTRY_PREFIX_SIZE, max_batch_bytes=max_batch_bytes
+            )
+            if pos + total > end:
+                raise IncompleteBatchError(
+                    f"entry of {total} bytes runs past the end ({end - pos} bytes left)",
+                    position=0,
+                )
+            if len(buf) - off < total:
+                buf = os.pread(fd, max(total, min(READ_CHUNK, end - pos)), pos)
+                buf_pos, off = pos, 0
+                if len(buf) < total:
+                    raise IncompleteBatchError("file shorter than the entry", position=0)
+            if base != expected_base:
+                raise CorruptDataError(
+                    f"entry base offset {base}, expected {expected_base}", position=0
+                )
+            batch_at = off + ENTRY_PREFIX_SIZE
+            (last_delta,) = _LAST_DELTA.unpack_from(buf, batch_at + _LAST_DELTA_AT)
+            header: BatchHeader | None = None
+            batch: RecordBatch | None = None
+            if base + last_delta >= skip_below:
+                if decode:
+                    header, batch = decode_batch(
+                        buf, batch_at, base, max_batch_bytes=max_batch_bytes
+                    )
+                else:
+                    header = check_batch(buf, batch_at, max_batch_bytes=max_batch_bytes)
+            yield pos, base, last_delta + 1, header, batch
+            pos += total
+            expected_base = base + last_delta + 1
+    except CorruptDataError as exc:
+        raise type(exc)(exc.reason, source=source, position=pos) from None
+
+
+class Segment:
+    """One segment of a stream, as this process knows it.
+
+    ``size`` and ``end_offset`` describe the complete entries seen so far; for a closed
+    segment they are final. Indexes of closed segments load lazily on first use.
+    """
+
+    __slots__ = (
+        "_load_lock",
+        "base",
+        "end_offset",
+        "first_timestamp",
+        "index",
+        "index_interval",
+        "indexes_loaded",
+        "last_entry_base",
+        "log_path",
+        "max_timestamp",
+        "size",
+        "timeindex",
+    )
+
+    def __init__(self, directory: Path, base: int, index_interval: int) -> None:
+        self.base = base
+        self.index_interval = index_interval
+        self.log_path = directory / segment_name(base, LOG_SUFFIX)
+        self.index = SparseIndex(directory / segment_name(base, INDEX_SUFFIX), OFFSET_ENTRY)
+        self.timeindex = SparseIndex(directory / segment_name(base, TIMEINDEX_SUFFIX), TIME_ENTRY)
+        self.size = 0
+        self.end_offset = base
+        self.last_entry_base = base
+        self.max_timestamp = NO_TIMESTAMP
+        self.first_timestamp = NO_TIMESTAMP
+        self.indexes_loaded = False
+        self._load_lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        return f"<Segment {self.base}..{self.end_offset} {self.size} bytes>"
+
+    def note_entry(
+        self,
+        pos: int,
+        base: int,
+        span: int,
+        max_timestamp: int,
+        total: int,
+        *,
+        index: bool = True,
+        persist: bool = True,
+    ) -> None:
+        """Account for the ``total``-byte entry at ``pos``: extent, timestamps, indexes.
+
+        The index rule: an offset-index entry is due once ``index_interval`` bytes have
+        passed since the last one (the segment start counts as an implicit entry); a
+        time-index entry (max timestamp so far) goes with it when that maximum grew.
+        ``index=False`` skips the rule, for entries another process wrote (their index
+        entries are in the files); ``persist=False`` keeps new entries in memory only,
+        for rebuilds that rewrite the files at the end.
+        """
+        if pos == 0:
+            self.first_timestamp = max_timestamp
+        self.max_timestamp = max(self.max_timestamp, max_timestamp)
+        self.size = pos + total
+        self.end_offset = base + span
+        self.last_entry_base = base
+        if not index:
+            return
+        last = self.index.last
+        if pos - (last[1] if last else 0) >= self.index_interval:
+            rel = base - self.base
+            self.index.append(rel, pos, persist=persist)
+            last_time = self.timeindex.last
+            if last_time is None or self.max_timestamp > last_time[0]:
+                self.timeindex.append(self.max_timestamp, rel, persist=persist)
+
+    def seal(self, *, persist: bool = True) -> None:
+        """Before the segment closes: make its last time-index entry its max timestamp,
+        so a closed segment's max timestamp is read from one index entry."""
+        last_time = self.timeindex.last
+        if self.size and (last_time is None or self.max_timestamp > last_time[0]):
+            self.timeindex.append(
+                self.max_timestamp, self.last_entry_base - self.base, persist=persist
+            )
+
+    def position_for(self, offset: int) -> tuple[int, int]:
+        """Byte position and base offset of an entry at or before ``offset`` (via the index)."""
+        entry = self.index.floor(offset - self.base)
+        if entry is None:
+            return 0, self.base
+        rel, pos = entry
+        return pos, self.base + rel
+
+    def ensure_indexes(self, max_batch_bytes: int) -> None:
+        """Load a closed segment's indexes, rebuilding them if they are missing or bad."""
+        if self.indexes_loaded:
+            return
+        with self._load_lock:
+            if self.indexes_loaded:
+                return
+            span = self.end_offset - self.base
+            ok = self.index.load(max_key=span, max_value=self.size) and self.timeindex.load(
+                max_key=2**63 - 1, max_value=span
+            )
+            if not ok or (self.size and not len(self.timeindex)):
+                self.rebuild_indexes(max_batch_bytes)
+            last_time = self.timeindex.last
+            self.max_timestamp = last_time[0] if last_time else NO_TIMESTAMP
+            self.indexes_loaded = True
+
+    def rebuild_indexes(self, max_batch_bytes: int) -> None:
+        """Recreate both index files of a closed segment from a full scan."""
+        log.warning("rebuilding the indexes of %s", self.log_path)
+        self.index.clear()
+        self.timeindex.clear()
+        expected_end, size = self.end_offset, self.size
+        self.max_timestamp = NO_TIMESTAMP
+        fd = os.open(self.log_path, os.O_RDONLY)
+        try:
+            for pos, base, _, header, _ in iter_entries(
+                fd,
+                str(self.log_path),
+                0,
+                size,
+                self.base,
+                max_batch_bytes=max_batch_bytes,
+                decode=False,
+            ):
+                if header is not None:
+                    self.note_entry(
+                        pos,
+                        base,
+                        header.span,
+                        header.max_timestamp,
+                        ENTRY_PREFIX_SIZE + header.size,
+                        persist=False,
+                    )
+        finally:
+            os.close(fd)
+        if self.end_offset != expected_end:
+            raise CorruptDataError(
+                f"segment ends at offset {self.end_offset}, the next one starts at {expected_end}",
+                source=str(self.log_path),
+            )
+        self.seal(persist=False)
+        self.index.rewrite()
+        self.timeindex.rewrite()

@@ -1,0 +1,584 @@
+"""Per-process state of one local stream: its lock, state record, segments and active file.
+
+Several processes may append to one stream. They serialise on ``flock`` of the
+stream's state file and agree through that file's 48-byte record (see
+:class:`~disklesslog.segments.layout.StreamState`). The append path costs five system
+calls: lock, read the state record, find the active file's size, write the entry,
+unlock. A changed state record or size means another process wrote; this process then
+catches up by scanning only the new bytes.
+
+Readers never take the lock on the normal path: they see complete entries only (a
+short entry at the tail is "not yet written"), and escalate to the lock only when the
+tail looks damaged, because only a lock holder may decide that bytes are garbage left
+by a crash and truncate them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import itertools
+import logging
+import os
+import random
+import threading
+from bisect import bisect_right
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+from typing import NamedTuple
+
+from ..config import StreamConfig
+from ..errors import CorruptDataError, IncompleteBatchError, LogClosedError, OffsetOutOfRange
+from ..format import TAIL, EncodedBatch
+from .layout import (
+    FLAG_DELETED,
+    INDEX_SUFFIX,
+    LOG_SUFFIX,
+    STATE,
+    STATE_SIZE,
+    TIMEINDEX_SUFFIX,
+    StreamState,
+    fsync_directory,
+    list_segments,
+    segment_name,
+)
+from .segment import ENTRY_PREFIX, ENTRY_PREFIX_SIZE, NO_TIMESTAMP, Segment, iter_entries
+
+__all__ = ["FSYNC_POLICIES", "Snapshot", "StreamGone", "StreamStore"]
+
+log = logging.getLogger("disklesslog")
+
+FSYNC_POLICIES = ("always", "interval", "never")
+_U32_MAX = (1 << 32) - 1
+_MAX_TS = (1 << 63) - 1
+_FDATASYNC = getattr(os, "fdatasync", os.fsync)
+_IOV_CHUNK = 512  # iovecs per writev, well under IOV_MAX (1024 on Linux)
+
+
+class StreamGone(Exception):
+    """Internal: the stream was deleted (by this or another process) under this store."""
+
+
+class _NeedsLock(Exception):
+    """Internal: an unlocked refresh met something only a lock holder may repair."""
+
+
+class Snapshot(NamedTuple):
+    """A consistent view for one read: extent plus each segment and the byte end to read."""
+
+    start_offset: int
+    end_offset: int
+    segments: list[tuple[Segment, int]]
+
+
+class StreamStore:
+    """One stream's files as this process sees them. Thread-safe."""
+
+    def __init__(self, directory: Path, name: str, config: StreamConfig, fsync: str) -> None:
+        self.name = name
+        self.directory = directory
+        self.config = config
+        self._fsync = fsync
+        self._mutex = threading.RLock()
+        self._closed = False
+        self._unsynced = False
+        self._segments: list[Segment] = []
+        self._active_fd = -1
+        self._state = StreamState()
+        self._state_raw = b""
+        try:
+            self._lock_fd = os.open(directory / STATE, os.O_RDWR)
+        except FileNotFoundError:
+            raise StreamGone(name) from None
+        try:
+            with self._mutex, self._locked():
+                self._recover()
+        except BaseException:
+            self._close_fds()
+            raise
+
+    # --------------------------------------------------------------- helpers
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        fcntl.flock(self._lock_fd, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
+
+    @property
+    def _active(self) -> Segment:
+        return self._segments[-1]
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise LogClosedError(f"stream {self.name!r} is closed")
+
+    def _write_state(self, state: StreamState, *, sync: bool = False) -> None:
+        raw = state.encode()
+        os.pwrite(self._lock_fd, raw, 0)
+        if sync:
+            os.fsync(self._lock_fd)
+        self._state, self._state_raw = state, raw
+
+    def _new_segment(self, base: int) -> Segment:
+        return Segment(self.directory, base, self.config.index_interval_bytes)
+
+    def _remove_segment_files(self, base: int) -> None:
+        for suffix in (LOG_SUFFIX, INDEX_SUFFIX, TIMEINDEX_SUFFIX):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.directory / segment_name(base, suffix))
+
+    def _close_fds(self) -> None:
+        for fd in (self._active_fd, getattr(self, "_lock_fd", -1)):
+            if fd >= 0:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+        self._active_fd = -1
+        self._lock_fd = -1
+
+    # --------------------------------------------------------------- recovery
+
+    def _recover(self) -> None:
+        """Bring the stream to a consistent state after any crash (caller holds the lock).
+
+        Deletes leftovers of a crashed roll (segments newer than the active one) or
+        trim (closed segments below the start offset), verifies the active segment from
+        the recovery point, truncates a torn or corrupt tail, and records the new
+        recovery point.
+        """
+        raw = os.pread(self._lock_fd, STATE_SIZE, 0)
+        state = StreamState.decode(raw)
+        bases = list_segments(self.directory)
+        if state is None:
+            if raw:
+                log.warning(
+                    "state of stream %r is unreadable; recovering from its files", self.name
+                )
+            active = bases[-1] if bases else 0
+            state = StreamState(
+                generation=random.getrandbits(62),
+                start_offset=bases[0] if bases else 0,
+                active_segment=active,
+            )
+        if state.deleted:
+            raise StreamGone(self.name)
+        for base in bases:
+            if base > state.active_segment:
+                log.warning(
+                    "removing segment %d of %r left by an interrupted roll", base, self.name
+                )
+                self._remove_segment_files(base)
+        bases = [base for base in bases if base <= state.active_segment]
+        if not bases or bases[-1] != state.active_segment:
+            bases.append(state.active_segment)
+        for base, next_base in itertools.pairwise(bases):
+            if next_base <= state.start_offset:  # left by an interrupted trim
+                self._remove_segment_files(base)
+        self._state = state
+        self._segments = []
+        self._segments = self._closed_segments(bases[:-1])
+        truncated = self._open_active(
+            state.active_segment, verify_from=state.recovery_position, locked=True
+        )
+        self._sync_data()
+        generation = state.generation + 1 if truncated else state.generation
+        self._write_state(
+            replace(state, generation=generation, recovery_position=self._active.size),
+            sync=self._fsync != "never",
+        )
+
+    def _closed_segments(self, bases: list[int]) -> list[Segment]:
+        """Segment objects for closed segments, skipping those wholly below the start
+        offset (a trim in another process may be deleting them right now)."""
+        known = {seg.base: seg for seg in self._segments[:-1]}
+        segments = []
+        for base, next_base in zip(bases, [*bases[1:], None]):
+            if next_base is not None and next_base <= self._state.start_offset:
+                continue
+            seg = known.get(base)
+            if seg is None:
+                seg = self._new_segment(base)
+                seg.size = os.stat(seg.log_path).st_size
+            seg.end_offset = next_base if next_base is not None else seg.end_offset
+            segments.append(seg)
+        return segments
+
+    def _open_active(self, base: int, *, verify_from: int | None, locked: bool) -> bool:
+        """Open the active segment and learn its extent; returns True if it truncated.
+
+        ``verify_from`` is the recovery point: index entries after it are distrusted and
+        the entries after it are re-verified. ``None`` trusts the indexes (another live
+        process wrote them) and scans only past their last entry.
+        """
+        seg = self._new_segment(base)
+        fd = os.open(seg.log_path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            size = os.lseek(fd, 0, os.SEEK_END)
+            limit = size if verify_from is None else min(verify_from, size)
+            index_ok = seg.index.load(max_key=_U32_MAX, max_value=size)
+            time_ok = seg.timeindex.load(max_key=_MAX_TS, max_value=_U32_MAX)
+            keep = bisect_right(seg.index.values, limit) if index_ok and time_ok else 0
+            pos, rel = (seg.index.values[keep - 1], seg.index.keys[keep - 1]) if keep else (0, 0)
+            time_keep = bisect_right(seg.timeindex.values, rel) if keep else 0
+            if locked and (keep < len(seg.index) or not index_ok):
+                seg.index.truncate(keep)
+            elif keep < len(seg.index):
+                del seg.index.keys[keep:], seg.index.values[keep:]
+            if locked and (time_keep < len(seg.timeindex) or not time_ok):
+                seg.timeindex.truncate(time_keep)
+            elif time_keep < len(seg.timeindex):
+                del seg.timeindex.keys[time_keep:], seg.timeindex.values[time_keep:]
+            seg.size, seg.end_offset = pos, base + rel
+            seg.max_timestamp = seg.timeindex.keys[time_keep - 1] if time_keep else NO_TIMESTAMP
+            if pos:
+                seg.first_timestamp = _first_max_timestamp(fd)
+            truncated = self._scan(seg, fd, size, locked=locked, write_index=locked)
+        except BaseException:
+            os.close(fd)
+            raise
+        if self._active_fd >= 0:
+            os.close(self._active_fd)
+        self._active_fd = fd
+        if self._segments and self._segments[-1].base == base:
+            self._segments[-1] = seg
+        else:
+            self._segments.append(seg)
+        return truncated
+
+    def _scan(self, seg: Segment, fd: int, size: int, *, locked: bool, write_index: bool) -> bool:
+        """Verify entries from ``seg.size`` to ``size`` and account for them.
+
+        At a torn or corrupt entry: a lock holder truncates the file there (returns
+        True); an unlocked reader stops at a short entry (still being written) and
+        escalates a corrupt one with :class:`_NeedsLock`.
+        """
+        try:
+            for pos, base, span, header, _ in iter_entries(
+                fd,
+                str(seg.log_path),
+                seg.size,
+                size,
+                seg.end_offset,
+                max_batch_bytes=self.config.max_batch_bytes,
+                decode=False,
+            ):
+                if header is not None:  # always: nothing is skipped here
+                    seg.note_entry(
+                        pos,
+                        base,
+                        span,
+                        header.max_timestamp,
+                        ENTRY_PREFIX_SIZE + header.size,
+                        index=write_index,
+                    )
+        except CorruptDataError as exc:
+            if not locked:
+                if isinstance(exc, IncompleteBatchError):
+                    return False
+                raise _NeedsLock from None
+            log.warning(
+                "stream %r: truncating %d bytes after the last complete entry of %s (%s)",
+                self.name,
+                size - seg.size,
+                seg.log_path.name,
+                exc.reason,
+            )
+            os.ftruncate(fd, seg.size)
+            return True
+        return False
+
+    def _delete_closed_below(self, start_offset: int) -> None:
+        """Delete closed segments whose every offset is below ``start_offset``."""
+        while len(self._segments) > 1 and self._segments[0].end_offset <= start_offset:
+            seg = self._segments.pop(0)
+            self._remove_segment_files(seg.base)
+
+    # ------------------------------------------------------------ catching up
+
+    def _refresh(self, *, locked: bool) -> None:
+        """Catch up with what other processes did since this one last looked."""
+        raw = os.pread(self._lock_fd, STATE_SIZE, 0)
+        if raw != self._state_raw:
+            state = StreamState.decode(raw)
+            if state is None:
+                if not locked:
+                    raise _NeedsLock
+                self._recover()
+                return
+            if state.deleted:
+                raise StreamGone(self.name)
+            previous = self._state
+            self._state, self._state_raw = state, raw
+            if state.generation != previous.generation:
+                self._reload(state, locked=locked)
+                return
+        size = os.lseek(self._active_fd, 0, os.SEEK_END)
+        active = self._segments[-1]
+        if size == active.size:
+            return
+        if size < active.size:
+            self._open_active(active.base, verify_from=None, locked=locked)
+            return
+        self._scan(active, self._active_fd, size, locked=locked, write_index=False)
+        active.index.refresh(max_key=active.end_offset - active.base - 1, max_value=active.size - 1)
+        active.timeindex.refresh(max_key=_MAX_TS, max_value=active.end_offset - active.base - 1)
+
+    def _reload(self, state: StreamState, *, locked: bool) -> None:
+        bases = [base for base in list_segments(self.directory) if base <= state.active_segment]
+        if not bases or bases[-1] != state.active_segment:
+            raise (
+                _NeedsLock
+                if not locked
+                else CorruptDataError(
+                    f"active segment {state.active_segment} is missing", source=str(self.directory)
+                )
+            )
+        self._segments = self._closed_segments(bases[:-1])
+        self._open_active(state.active_segment, verify_from=None, locked=locked)
+
+    def _refresh_unlocked(self) -> None:
+        try:
+            self._refresh(locked=False)
+        except _NeedsLock:
+            with self._locked():
+                self._refresh(locked=True)
+
+    # ---------------------------------------------------------------- writing
+
+    def append(self, batches: list[EncodedBatch]) -> list[int]:
+        """Append encoded batches atomically; return their base offsets.
+
+        The batches go into one segment with one ``writev``; any failure truncates the
+        file back, so either all of them become visible or none. (Only a group larger
+        than ``segment_bytes`` is split across segments, batch by batch.) Durable per
+        the fsync policy when this returns.
+        """
+        with self._mutex:
+            if self._closed:
+                self._check_open()
+            fcntl.flock(self._lock_fd, fcntl.LOCK_EX)
+            try:
+                self._refresh(locked=True)
+                if len(batches) == 1:
+                    bases = self._write_group(batches, ENTRY_PREFIX_SIZE + len(batches[0].data))
+                else:
+                    total = sum(ENTRY_PREFIX_SIZE + len(batch.data) for batch in batches)
+                    if total <= self.config.segment_bytes:
+                        bases = self._write_group(batches, total)
+                    else:  # too big for one segment: batch by batch, each atomic
+                        bases = [
+                            self._write_group([b], ENTRY_PREFIX_SIZE + len(b.data))[0]
+                            for b in batches
+                        ]
+                if self._fsync == "always":
+                    _FDATASYNC(self._active_fd)
+                    self._write_state(replace(self._state, recovery_position=self._active.size))
+                else:
+                    self._unsynced = True
+                return bases
+            finally:
+                fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
+
+    def _write_group(self, batches: list[EncodedBatch], total: int) -> list[int]:
+        """Write ``batches`` (``total`` bytes with prefixes) at the end of the active
+        segment, rolling first if they would not fit; all or nothing."""
+        active = self._segments[-1]
+        # Kafka's rule: roll when the segment would outgrow segment_bytes, or when the
+        # new records are segment_ms newer than the segment's first batch.
+        if active.size and (
+            active.size + total > self.config.segment_bytes
+            or batches[-1].max_timestamp - active.first_timestamp > self.config.segment_ms
+        ):
+            self._roll()
+            active = self._segments[-1]
+        start = active.size
+        base = active.end_offset
+        if len(batches) == 1:
+            batch = batches[0]
+            try:
+                written = os.writev(self._active_fd, (ENTRY_PREFIX.pack(base), batch.data))
+            except BaseException:
+                os.ftruncate(self._active_fd, start)
+                raise
+            if written != total:
+                os.ftruncate(self._active_fd, start)
+                raise OSError(f"short write to {active.log_path}: {written} of {total} bytes")
+            active.note_entry(start, base, batch.last_offset_delta + 1, batch.max_timestamp, total)
+            return [base]
+        bases = []
+        parts: list[bytes] = []
+        for batch in batches:
+            bases.append(base)
+            parts.append(ENTRY_PREFIX.pack(base))
+            parts.append(batch.data)
+            base += batch.span
+        self._write_all(active, parts, total, start)
+        pos = start
+        for batch, batch_base in zip(batches, bases):
+            size = ENTRY_PREFIX_SIZE + len(batch.data)
+            active.note_entry(pos, batch_base, batch.span, batch.max_timestamp, size)
+            pos += size
+        return bases
+
+    def _write_all(self, active: Segment, parts: list[bytes], total: int, start: int) -> None:
+        """Write ``parts`` at the end of the active file, or truncate back to ``start``."""
+        try:
+            if len(parts) <= _IOV_CHUNK:
+                written = os.writev(self._active_fd, parts)
+            else:
+                written = 0
+                for i in range(0, len(parts), _IOV_CHUNK):
+                    written += os.writev(self._active_fd, parts[i : i + _IOV_CHUNK])
+            if written != total:
+                raise OSError(f"short write to {active.log_path}: {written} of {total} bytes")
+        except BaseException:
+            os.ftruncate(self._active_fd, start)
+            raise
+
+    def _roll(self) -> None:
+        """Close the active segment and start a new one at its end offset (lock held)."""
+        old = self._segments[-1]
+        old.seal()
+        durable = self._fsync != "never"
+        if durable:
+            _FDATASYNC(self._active_fd)
+            old.index.fsync()
+            old.timeindex.fsync()
+        new_base = old.end_offset
+        self._remove_segment_files(new_base)  # a leftover of an earlier interrupted roll
+        fd = os.open(
+            self.directory / segment_name(new_base, LOG_SUFFIX),
+            os.O_RDWR | os.O_APPEND | os.O_CREAT,
+            0o644,
+        )
+        if durable:
+            fsync_directory(self.directory)
+        # The state names the new active segment only once its file exists; a crash in
+        # between leaves a file newer than the active one, which recovery removes.
+        self._write_state(
+            replace(
+                self._state,
+                generation=self._state.generation + 1,
+                active_segment=new_base,
+                recovery_position=0,
+            ),
+            sync=durable,
+        )
+        os.close(self._active_fd)
+        self._active_fd = fd
+        old.indexes_loaded = True
+        self._segments.append(self._new_segment(new_base))
+
+    def trim(self, before: int) -> None:
+        """Move the start offset to ``before`` and delete segments wholly below it."""
+        with self._mutex:
+            self._check_open()
+            with self._locked():
+                self._refresh(locked=True)
+                end = self._active.end_offset
+                if before > end:
+                    raise OffsetOutOfRange(
+                        f"cannot trim {self.name!r} before {before}: its end offset is {end}",
+                        start_offset=self._state.start_offset,
+                        end_offset=end,
+                    )
+                if before <= self._state.start_offset:
+                    return
+                if before == end and self._active.size:
+                    self._roll()  # so the old active segment can go too
+                self._write_state(
+                    replace(
+                        self._state, generation=self._state.generation + 1, start_offset=before
+                    ),
+                    sync=self._fsync != "never",
+                )
+                self._delete_closed_below(before)
+
+    def mark_deleted(self) -> None:
+        """Flag the stream deleted so every process drops it (the caller removes the files)."""
+        with self._mutex, self._locked():
+            self._write_state(
+                replace(
+                    self._state,
+                    generation=self._state.generation + 1,
+                    flags=self._state.flags | FLAG_DELETED,
+                ),
+                sync=self._fsync != "never",
+            )
+            self._closed = True
+
+    # ------------------------------------------------------------- durability
+
+    def _sync_data(self) -> None:
+        if self._fsync != "never" and self._active_fd >= 0:
+            _FDATASYNC(self._active_fd)
+        self._unsynced = False
+
+    def sync(self) -> None:
+        """Make written data durable and advance the recovery point (the interval policy).
+
+        The fsync runs without holding the lock, so appends continue meanwhile.
+        """
+        with self._mutex:
+            if self._closed or not self._unsynced:
+                return
+            self._unsynced = False
+            fd = os.dup(self._active_fd)
+            base, size = self._active.base, self._active.size
+        try:
+            if self._fsync != "never":
+                _FDATASYNC(fd)
+        except BaseException:
+            self._unsynced = True
+            raise
+        finally:
+            os.close(fd)
+        with self._mutex:
+            if self._closed:
+                return
+            with self._locked():
+                self._refresh(locked=True)
+                if self._state.active_segment == base and self._state.recovery_position < size:
+                    self._write_state(replace(self._state, recovery_position=size))
+
+    def close(self) -> None:
+        """Sync, record the recovery point and release the files. Idempotent."""
+        with self._mutex:
+            if self._closed:
+                self._close_fds()
+                return
+            try:
+                if self._unsynced:
+                    self._sync_data()
+                    with self._locked():
+                        self._refresh(locked=True)
+                        if self._state.recovery_position < self._active.size:
+                            self._write_state(
+                                replace(self._state, recovery_position=self._active.size)
+                            )
+            except StreamGone:
+                pass
+            finally:
+                self._closed = True
+                self._close_fds()
+
+    # ---------------------------------------------------------------- reading
+
+    def snapshot(self) -> Snapshot:
+        """The current extent and segments, after catching up with other processes."""
+        with self._mutex:
+            self._check_open()
+            self._refresh_unlocked()
+            segments = [(seg, seg.size) for seg in self._segments]
+            return Snapshot(self._state.start_offset, self._active.end_offset, segments)
+
+
+def _first_max_timestamp(fd: int) -> int:
+    """Max timestamp of a segment's first batch (drives the ``segment_ms`` roll)."""
+    data = os.pread(fd, ENTRY_PREFIX_SIZE + 9 + TAIL.size, 0)
+    if len(data) < ENTRY_PREFIX_SIZE + 9 + TAIL.size:
+        return NO_TIMESTAMP
+    return int(TAIL.unpack_from(data, ENTRY_PREFIX_SIZE + 9)[4])

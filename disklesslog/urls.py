@@ -1,0 +1,79 @@
+"""URL -> backend: a registry like fsspec's protocol table.
+
+A URL's scheme picks a default backend (``file`` and bare paths -> ``segments``); the
+``backend=`` option of :func:`disklesslog.open` overrides it where a scheme supports
+several. Backends register a factory under a name; later backends (object storage,
+its sequencers) plug in here without touching callers.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import Any
+from urllib.parse import unquote, urlsplit
+
+from .api import AbstractLog
+from .errors import InvalidURL
+
+__all__ = ["backends", "open_log", "register_backend", "split_url"]
+
+BackendFactory = Callable[[str, str, dict[str, Any]], AbstractLog]
+"""``factory(url, location, options) -> AbstractLog``; ``location`` is the path for
+local URLs and the URL itself otherwise."""
+
+_FACTORIES: dict[str, BackendFactory] = {}
+_SCHEMES: dict[str, str] = {}
+
+
+def register_backend(name: str, factory: BackendFactory, *, schemes: tuple[str, ...] = ()) -> None:
+    """Register ``factory`` as backend ``name``, the default for ``schemes``."""
+    _FACTORIES[name] = factory
+    for scheme in schemes:
+        _SCHEMES[scheme] = name
+
+
+def backends() -> dict[str, str]:
+    """Registered URL schemes and the backend each opens by default."""
+    return dict(_SCHEMES)
+
+
+def split_url(url: str) -> tuple[str, str]:
+    """``(scheme, location)``: bare paths and ``file://`` URLs give ``("file", path)``."""
+    if "://" not in url:
+        return "file", url
+    parts = urlsplit(url)
+    scheme = parts.scheme.lower()
+    if scheme == "file":
+        if parts.netloc not in ("", "localhost"):
+            raise InvalidURL(
+                f"file URLs name a local path (file:///path), not host {parts.netloc!r}"
+            )
+        if parts.query or parts.fragment:
+            raise InvalidURL(f"file URL {url!r} has a query or fragment; remove it")
+        if not parts.path:
+            raise InvalidURL(f"file URL {url!r} has no path")
+        return "file", unquote(parts.path)
+    return scheme, url
+
+
+def open_log(
+    url: str | os.PathLike[str], *, backend: str | None = None, **options: Any
+) -> AbstractLog:
+    """Open the log at ``url`` with the backend its scheme (or ``backend=``) selects."""
+    if isinstance(url, os.PathLike):
+        url = os.fspath(url)
+    if not isinstance(url, str) or not url.strip():
+        raise InvalidURL(f"a log URL must be a non-empty str or path, not {url!r}")
+    scheme, location = split_url(url)
+    name = backend if backend is not None else _SCHEMES.get(scheme)
+    if name is None:
+        known = ", ".join(f"{s}://" for s in sorted(_SCHEMES)) or "none"
+        raise InvalidURL(
+            f"no backend opens {scheme}:// URLs in this installation (supported: {known}, "
+            "and bare paths)"
+        )
+    factory = _FACTORIES.get(name)
+    if factory is None:
+        raise InvalidURL(f"unknown backend {name!r}; registered: {sorted(_FACTORIES)}")
+    return factory(url, location, options)

@@ -1,0 +1,271 @@
+"""The buffering :class:`Writer`: appends to many streams, flushed as batches in the background.
+
+The machinery is shared by both backends: per-stream column buffers, a linger timer,
+a byte bound with back-pressure, one flusher thread, and futures resolved with offsets.
+A backend supplies only :meth:`Writer._write`, which stores one flush: the local
+backend appends each stream's batches to its segments; the object backend writes one
+object and makes one sequencer commit.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import Any
+
+from .api import validate_stream_name
+from .config import StreamConfig
+from .errors import ConfigError, DisklessLogError, LogClosedError
+from .format import HEADER_SIZE, EncodedBatch, check_record, encode_batch
+
+__all__ = ["Writer"]
+
+_RECORD_OVERHEAD = 32  # msgpack framing per record, bounded generously
+_BATCH_MARGIN = HEADER_SIZE + 64
+_MAX_KEPT_ERRORS = 100  # errors remembered for flush()/close() between two calls
+
+
+@dataclass
+class _Pending:
+    """Records buffered for one stream, as columns, plus the futures to resolve."""
+
+    values: list[Any] = field(default_factory=list)
+    keys: list[Any] = field(default_factory=list)
+    headers: list[Any] = field(default_factory=list)
+    timestamps: list[int] = field(default_factory=list)
+    futures: list[Future[int]] = field(default_factory=list)
+    size: int = 0
+
+
+@dataclass
+class _StreamBuffer:
+    config: StreamConfig
+    sealed: list[_Pending] = field(default_factory=list)
+    current: _Pending = field(default_factory=_Pending)
+
+
+class Writer(ABC):
+    """Buffers appends across streams and writes them in batches from one background thread.
+
+    ``append`` validates the record at once (typed errors raise at the call site) and
+    returns a :class:`concurrent.futures.Future` that resolves to the record's offset
+    when its batch is durable. A flush happens ``linger_ms`` after the first buffered
+    record, when ``max_buffer_bytes`` are buffered, or on :meth:`flush`/:meth:`close`.
+    While twice ``max_buffer_bytes`` wait to be written, ``append`` blocks (bounded memory).
+    Records of one stream keep their append order. Thread-safe; a context manager.
+    """
+
+    def __init__(self, *, linger_ms: float, max_buffer_bytes: int, name: str) -> None:
+        if not isinstance(linger_ms, int | float) or not 0 <= linger_ms <= 3_600_000:
+            raise ConfigError(f"linger_ms must be a number in 0..3600000, not {linger_ms!r}")
+        if type(max_buffer_bytes) is not int or not 1024 <= max_buffer_bytes <= 1 << 40:
+            raise ConfigError(f"max_buffer_bytes must be an int >= 1024, not {max_buffer_bytes!r}")
+        self._linger = linger_ms / 1000.0
+        self._max_buffer_bytes = max_buffer_bytes
+        self._cond = threading.Condition()
+        self._buffers: dict[str, _StreamBuffer] = {}
+        self._buffered_bytes = 0  # buffered + being written, for back-pressure
+        self._oldest: float | None = None
+        self._accepted = 0
+        self._completed = 0
+        self._flush_wanted = False
+        self._closed = False
+        self._errors: list[BaseException] = []
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    # ------------------------------------------------------------ backend hooks
+
+    @abstractmethod
+    def _config_for(self, stream: str) -> StreamConfig:
+        """Configuration of ``stream`` (existing, or the defaults it will be created with)."""
+
+    @abstractmethod
+    def _write(
+        self, batches: list[tuple[str, list[EncodedBatch]]]
+    ) -> list[list[int] | BaseException]:
+        """Store one flush; return per stream the base offset of each batch, or the error
+        that kept that stream's batches from being stored."""
+
+    # ----------------------------------------------------------------- public
+
+    def append(
+        self,
+        stream: str,
+        value: bytes | None,
+        key: bytes | None = None,
+        headers: Any = None,
+        timestamp: int | None = None,
+    ) -> Future[int]:
+        """Buffer one record for ``stream``; the future resolves to its offset."""
+        buffer = self._buffers.get(stream) if type(stream) is str else None
+        config = (
+            buffer.config if buffer is not None else self._config_for(validate_stream_name(stream))
+        )
+        normalized, size, timestamp = check_record(
+            value, key, headers, timestamp, max_record_bytes=config.max_record_bytes
+        )
+        size += _RECORD_OVERHEAD
+        future: Future[int] = Future()
+        with self._cond:
+            if self._closed:
+                raise LogClosedError("the writer is closed")
+            while self._buffered_bytes >= 2 * self._max_buffer_bytes and not self._closed:
+                self._cond.wait()
+            buffer = self._buffers.get(stream)
+            if buffer is None:
+                buffer = self._buffers[stream] = _StreamBuffer(config)
+            pending = buffer.current
+            if pending.values and pending.size + size > config.max_batch_bytes - _BATCH_MARGIN:
+                buffer.sealed.append(pending)
+                pending = buffer.current = _Pending()
+            pending.values.append(value)
+            pending.keys.append(key)
+            pending.headers.append(normalized)
+            pending.timestamps.append(timestamp)
+            pending.futures.append(future)
+            pending.size += size
+            self._buffered_bytes += size
+            self._accepted += 1
+            if self._oldest is None:
+                self._oldest = time.monotonic()
+                self._cond.notify_all()
+            elif self._buffered_bytes >= self._max_buffer_bytes:
+                self._cond.notify_all()
+        return future
+
+    def flush(self) -> None:
+        """Write everything appended so far and wait for it.
+
+        Raises the first error any of those records met (each failed record's future
+        holds its own error too); records that succeeded stay written.
+        """
+        with self._cond:
+            target = self._accepted
+            self._flush_wanted = True
+            self._cond.notify_all()
+            while self._completed < target:
+                if not self._thread.is_alive():
+                    raise LogClosedError("the writer's flusher thread has stopped")
+                self._cond.wait(0.5)
+            errors, self._errors = self._errors, []
+        if errors:
+            raise errors[0]
+
+    def close(self) -> None:
+        """Flush, stop the background thread and refuse further appends. Idempotent."""
+        with self._cond:
+            if self._closed:
+                return
+            self._closed = True
+            self._cond.notify_all()
+        if threading.current_thread() is not self._thread:
+            self._thread.join()
+        with self._cond:
+            errors, self._errors = self._errors, []
+        if errors:
+            raise errors[0]
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def __enter__(self) -> Writer:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    # --------------------------------------------------------- flusher thread
+
+    def _due(self) -> bool:
+        if self._flush_wanted or self._closed or self._buffered_bytes >= self._max_buffer_bytes:
+            return bool(self._buffers)
+        return self._oldest is not None and time.monotonic() - self._oldest >= self._linger
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._due():
+                    if self._closed and not self._buffers:
+                        return
+                    if self._flush_wanted and not self._buffers:
+                        self._flush_wanted = False
+                        self._completed = self._accepted
+                        self._cond.notify_all()
+                    timeout = None
+                    if self._oldest is not None:
+                        timeout = max(0.0, self._linger - (time.monotonic() - self._oldest))
+                    self._cond.wait(timeout)
+                taken, self._buffers = self._buffers, {}
+                self._oldest = None
+                target = self._accepted
+            freed = self._flush(taken)
+            with self._cond:
+                self._buffered_bytes -= freed
+                self._completed = target
+                if not self._buffers:
+                    self._flush_wanted = False
+                self._cond.notify_all()
+
+    def _flush(self, taken: dict[str, _StreamBuffer]) -> int:
+        """Encode and write one flush; resolve its futures. Returns the bytes freed."""
+        work: list[tuple[str, list[EncodedBatch]]] = []
+        pendings: list[list[_Pending]] = []
+        freed = 0
+        for stream, buffer in taken.items():
+            parts = [*buffer.sealed, buffer.current] if buffer.current.values else buffer.sealed
+            freed += sum(part.size for part in parts)
+            try:
+                encoded = [self._encode(part, buffer.config) for part in parts]
+            except Exception as exc:  # delivered through the futures
+                self._fail(parts, exc)
+                continue
+            work.append((stream, encoded))
+            pendings.append(parts)
+        if not work:
+            return freed
+        try:
+            results = self._write(work)
+        except Exception as exc:  # delivered through the futures
+            results = [exc] * len(work)
+        for parts, result in zip(pendings, results):
+            if isinstance(result, BaseException):
+                self._fail(parts, result)
+                continue
+            for part, base in zip(parts, result):
+                for offset, future in enumerate(part.futures, base):
+                    future.set_result(offset)
+        return freed
+
+    @staticmethod
+    def _encode(part: _Pending, config: StreamConfig) -> EncodedBatch:
+        return encode_batch(
+            part.values,
+            keys=part.keys,
+            headers=part.headers,
+            timestamps=part.timestamps,
+            compression=config.compression,
+            max_record_bytes=config.max_record_bytes,
+            max_batch_bytes=config.max_batch_bytes,
+        )
+
+    def _fail(self, parts: Sequence[_Pending], exc: BaseException) -> None:
+        if not isinstance(exc, DisklessLogError | OSError):
+            exc = DisklessLogError(f"write failed: {exc!r}")
+        with self._cond:
+            if len(self._errors) < _MAX_KEPT_ERRORS:
+                self._errors.append(exc)
+        for part in parts:
+            for future in part.futures:
+                future.set_exception(exc)
