@@ -13,6 +13,7 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
+from itertools import chain
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
@@ -150,9 +151,12 @@ class Stream(ABC):
     def read(
         self, start: int | None = None, end: int | None = None, *, max_records: int | None = None
     ) -> Iterator[Record]:
-        """Yield :class:`Record` objects; arguments as for :meth:`read_batches`."""
-        for batch in self.read_batches(start, end, max_records=max_records):
-            yield from batch.records()
+        """Yield :class:`Record` objects; arguments as for :meth:`read_batches`.
+
+        Argument errors raise at the call, not at the first ``next()``.
+        """
+        batches = self.read_batches(start, end, max_records=max_records)
+        return chain.from_iterable(map(RecordBatch.records, batches))
 
     def follow(
         self,
@@ -177,7 +181,11 @@ class Stream(ABC):
                 position = self._end_offset_or_none()
             progressed = False
             if position is not None:
-                for batch in self.read_batches(position):
+                try:
+                    batches = self.read_batches(position)
+                except StreamNotFound:
+                    batches = iter(())  # not created yet: keep waiting
+                for batch in batches:
                     yield from batch.records()
                     position = batch.offsets[-1] + 1
                     progressed = True

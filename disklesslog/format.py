@@ -52,6 +52,7 @@ __all__ = [
     "encode_batch",
     "encode_record",
     "now_ms",
+    "peek_header",
 ]
 
 MAGIC = 1
@@ -195,7 +196,13 @@ def _normalize_headers(
             column.append(None)
             sizes.append(0)
             continue
-        pairs = tuple(item.items()) if isinstance(item, Mapping) else tuple(item)
+        try:
+            pairs = tuple(item.items()) if isinstance(item, Mapping) else tuple(item)
+        except TypeError:
+            raise InvalidRecordError(
+                f"a record's headers must be a dict or a sequence of (key, value) pairs, "
+                f"not {type(item).__name__}"
+            ) from None
         size = 0
         for pair in pairs:
             if not isinstance(pair, tuple | list) or len(pair) != 2:
@@ -209,7 +216,13 @@ def _normalize_headers(
                 raise InvalidRecordError(
                     f"header {key!r} value must be bytes or None, not {type(value).__name__}"
                 )
-            size += len(key.encode("utf-8", "surrogatepass")) + (len(value) if value else 0)
+            try:
+                key_size = len(key.encode("utf-8"))
+            except UnicodeEncodeError:
+                raise InvalidRecordError(
+                    f"header key {key!r} cannot be encoded as UTF-8 (lone surrogate)"
+                ) from None
+            size += key_size + (len(value) if value else 0)
         column.append(tuple((k, v) for k, v in pairs))
         sizes.append(size)
         any_headers = True
@@ -264,7 +277,12 @@ def _as_sequence(items: Iterable[Any] | None, field: str) -> Sequence[Any] | Non
         return items
     if isinstance(items, str | bytes | bytearray | Mapping):
         raise InvalidRecordError(f"{field} must be a sequence with one item per record")
-    return list(items)
+    try:
+        return list(items)
+    except TypeError:
+        raise InvalidRecordError(
+            f"{field} must be a sequence with one item per record, not {type(items).__name__}"
+        ) from None
 
 
 def encode_batch(
@@ -418,7 +436,11 @@ def _seal(
             f"a batch of {count} records encodes to {HEADER_SIZE + body_size} bytes, over "
             f"max_batch_bytes={max_batch_bytes}; append fewer records per batch"
         )
-    attributes = compression if type(compression) is int else compression_code(compression)
+    attributes = (
+        compression
+        if type(compression) is int and 0 <= compression <= COMPRESSION_ZSTD
+        else compression_code(compression)  # raises ConfigError for unknown codes
+    )
     if attributes == COMPRESSION_ZSTD:
         packed = _compressor().compress(body)
         if len(packed) < body_size:
@@ -523,6 +545,24 @@ def batch_size(buf: Any, pos: int = 0, *, max_batch_bytes: int = DEFAULT_MAX_BAT
     return int(length) + 4
 
 
+def peek_header(
+    buf: Any, pos: int = 0, *, max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES
+) -> BatchHeader:
+    """The header of the batch at ``buf[pos:]``, bounds-checked but *not* checksummed.
+
+    For walking data that was verified before (a local segment before its recovery
+    point): cheap, but trust it only as far as that earlier verification goes.
+    """
+    size = batch_size(buf, pos, max_batch_bytes=max_batch_bytes)
+    if len(buf) - pos < HEADER_SIZE:
+        raise IncompleteBatchError("batch header cut short", position=pos)
+    header = BatchHeader(size, *TAIL.unpack_from(buf, pos + PREFIX_SIZE))
+    problem = _header_problem(header, max_batch_bytes)
+    if problem:
+        raise CorruptDataError(problem, position=pos)
+    return header
+
+
 def check_batch(
     buf: Any, pos: int = 0, *, max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES
 ) -> BatchHeader:
@@ -589,7 +629,9 @@ def decode_batch(
                     f"zstd frame declares {declared} bytes, header says {header.body_size}",
                     position=pos,
                 )
-            body = zstandard.ZstdDecompressor().decompress(body, max_output_size=header.body_size)
+            body = zstandard.ZstdDecompressor().decompress(
+                body, max_output_size=header.body_size, allow_extra_data=False
+            )
             if len(body) != header.body_size:
                 raise CorruptDataError("zstd body decompressed to the wrong size", position=pos)
         columns = msgpack.unpackb(body, use_list=False, raw=False)

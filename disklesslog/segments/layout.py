@@ -36,7 +36,9 @@ INDEX_SUFFIX = ".index"
 TIMEINDEX_SUFFIX = ".timeindex"
 _DIGITS = 20
 
-_STATE = struct.Struct("<4sIQQQQII")
+_STATE = struct.Struct(
+    "<4sIQQQQII"
+)  # magic, crc, generation, start, active, rec. offset, rec. position, flags
 STATE_SIZE = _STATE.size  # 48
 _STATE_MAGIC = b"DLST"
 FLAG_DELETED = 1
@@ -68,8 +70,9 @@ class StreamState:
     ``generation`` changes whenever the set of segments or the start offset changes,
     telling other processes to re-list the directory. ``active_segment`` names the
     segment appends go to; a newer file is a leftover of a crashed roll. The recovery
-    point (``recovery_position`` in the active segment, where ``recovery_offset``
-    starts) marks the bytes already verified and synced: recovery scans only after it.
+    point is a byte position in the active segment and the offset of the entry that
+    starts there: every entry before it was verified (and synced, unless the fsync
+    policy is "never"). Recovery verifies, and may truncate, only what follows it.
     """
 
     generation: int = 0

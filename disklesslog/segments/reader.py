@@ -7,27 +7,27 @@ never holds a lock while it decodes.
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Iterator
 
 from ..errors import CorruptDataError, OffsetOutOfRange
 from ..records import RecordBatch
-from .segment import Segment, iter_entries
+from .segment import DECODE, Entry, Segment, iter_entries
 from .store import Snapshot, StreamStore
 
 __all__ = ["offset_for_time", "read_batches"]
 
-
-def _extent(snap: Snapshot, index: int) -> int:
-    """End offset of the ``index``-th segment in the snapshot."""
-    segments = snap.segments
-    return snap.end_offset if index == len(segments) - 1 else segments[index][0].end_offset
+log = logging.getLogger("disklesslog")
 
 
 def read_batches(
     store: StreamStore, start: int | None, end: int | None, max_records: int | None
 ) -> Iterator[RecordBatch]:
-    """Batches covering ``[start, end)`` of the stream, clipped to the requested range."""
+    """Batches covering ``[start, end)`` of the stream, clipped to the requested range.
+
+    Checks the range now (raising :class:`OffsetOutOfRange`) and reads lazily.
+    """
     snap = store.snapshot()
     lo = snap.start_offset if start is None else start
     if not snap.start_offset <= lo <= snap.end_offset:
@@ -44,52 +44,108 @@ def read_batches(
 def _read(
     store: StreamStore, snap: Snapshot, lo: int, hi: int, remaining: int | None
 ) -> Iterator[RecordBatch]:
-    max_batch_bytes = store.config.max_batch_bytes
-    last = len(snap.segments) - 1
-    for index, (seg, end_pos) in enumerate(snap.segments):
+    for seg, seg_end, end_pos in _segments_from(store, snap, lo):
         if lo >= hi or remaining == 0:
             return
-        seg_end = _extent(snap, index)
-        if seg_end <= lo:
+        expected = None
+        for _, base, header, batch in _entries(store, seg, lo, end_pos):
+            expected = base + header.span
+            if batch is None:
+                continue
+            if base >= hi:
+                return
+            part = batch.between(lo, hi)
+            if remaining is not None:
+                part = part.head(remaining)
+                remaining -= len(part)
+            if len(part):
+                yield part
+            if remaining == 0:
+                return
+            lo = expected
+        if expected is not None and expected != seg_end:
+            raise CorruptDataError(
+                f"entries end at offset {expected}, the segment should reach {seg_end}",
+                source=str(seg.log_path),
+            )
+        lo = max(lo, seg_end)
+
+
+def offset_for_time(store: StreamStore, timestamp: int) -> int | None:
+    """First offset (>= the start offset) whose record timestamp is >= ``timestamp``.
+
+    Segments are skipped by their max timestamp, the time index narrows the scan inside
+    a segment, then batches are checked by their max timestamp, as Kafka's ListOffsets.
+    """
+    snap = store.snapshot()
+    for seg, _, end_pos in _segments_from(store, snap, snap.start_offset):
+        if seg.max_timestamp < timestamp:
+            continue
+        hint = seg.timeindex.below(timestamp)
+        lo = max(snap.start_offset, seg.base + hint[1] if hint else seg.base)
+        for _, _, header, batch in _entries(store, seg, lo, end_pos):
+            if batch is None or header.max_timestamp < timestamp:
+                continue
+            for offset, ts in zip(batch.offsets, batch.timestamps):
+                if ts >= timestamp and offset >= lo:
+                    return offset
+    return None
+
+
+def _segments_from(
+    store: StreamStore, snap: Snapshot, offset: int
+) -> Iterator[tuple[Segment, int, int]]:
+    """``(segment, end offset, byte end)`` of the snapshot's segments that reach past
+    ``offset``, with the indexes of closed segments loaded."""
+    last = len(snap.segments) - 1
+    for index, (seg, end_pos) in enumerate(snap.segments):
+        seg_end = snap.end_offset if index == last else seg.end_offset
+        if seg_end <= offset:
             continue
         if index != last:
-            seg.ensure_indexes(max_batch_bytes)
-        pos, first_base = seg.position_for(lo)
-        fd = _open_segment(store, seg, lo)
+            seg.ensure_indexes(store.config.max_batch_bytes)
+        yield seg, seg_end, end_pos
+
+
+def _entries(store: StreamStore, seg: Segment, offset: int, end_pos: int) -> Iterator[Entry]:
+    """Decoded entries of ``seg`` from the one holding ``offset`` (found via the index).
+
+    An index is only a hint: if the entry it points at is not valid, the segment is
+    read from its start instead, so a damaged index never fails a read of good data.
+    """
+    pos, base = seg.position_for(offset)
+    fd = _open_segment(store, seg, offset)
+    try:
+        entries = _walk(store, fd, seg, pos, base, end_pos, offset)
         try:
-            expected = first_base
-            for _, base, span, _, batch in iter_entries(
-                fd,
-                str(seg.log_path),
-                pos,
-                end_pos,
-                first_base,
-                max_batch_bytes=max_batch_bytes,
-                decode=True,
-                skip_below=lo,
-            ):
-                expected = base + span
-                if batch is None:
-                    continue
-                if base >= hi:
-                    return
-                part = batch.between(lo, hi)
-                if remaining is not None:
-                    part = part.head(remaining)
-                    remaining -= len(part)
-                if len(part):
-                    lo = part.offsets[-1] + 1
-                    yield part
-                if remaining == 0:
-                    return
-                lo = max(lo, expected)
-            if expected != seg_end:
-                raise CorruptDataError(
-                    f"entries end at offset {expected}, the segment should reach {seg_end}",
-                    source=str(seg.log_path),
-                )
-        finally:
-            os.close(fd)
+            first = next(entries, None)
+        except CorruptDataError as exc:
+            if pos == 0:
+                raise
+            log.warning("index of %s points at a bad entry (%s); scanning", seg.log_path, exc)
+            entries = _walk(store, fd, seg, 0, seg.base, end_pos, offset)
+            first = next(entries, None)
+        if first is not None:
+            yield first
+            yield from entries
+    finally:
+        os.close(fd)
+
+
+def _walk(
+    store: StreamStore, fd: int, seg: Segment, pos: int, base: int, end_pos: int, offset: int
+) -> Iterator[Entry]:
+    max_batch_bytes = store.config.max_batch_bytes
+    return iter_entries(
+        fd,
+        str(seg.log_path),
+        pos,
+        end_pos,
+        base,
+        max_batch_bytes=max_batch_bytes,
+        mode=DECODE,
+        skip_below=offset,
+    )
 
 
 def _open_segment(store: StreamStore, seg: Segment, offset: int) -> int:
@@ -103,45 +159,3 @@ def _open_segment(store: StreamStore, seg: Segment, offset: int) -> int:
             start_offset=snap.start_offset,
             end_offset=snap.end_offset,
         ) from None
-
-
-def offset_for_time(store: StreamStore, timestamp: int) -> int | None:
-    """First offset (>= the start offset) whose record timestamp is >= ``timestamp``.
-
-    Segments are skipped by their max timestamp, the time index narrows the scan inside
-    a segment, then batches are checked by their max timestamp, as Kafka's ListOffsets.
-    """
-    snap = store.snapshot()
-    max_batch_bytes = store.config.max_batch_bytes
-    last = len(snap.segments) - 1
-    for index, (seg, end_pos) in enumerate(snap.segments):
-        seg_end = _extent(snap, index)
-        if seg_end <= snap.start_offset or seg.base >= snap.end_offset:
-            continue
-        if index != last:
-            seg.ensure_indexes(max_batch_bytes)
-        if seg.max_timestamp < timestamp:
-            continue
-        hint = seg.timeindex.below(timestamp)
-        lo = max(snap.start_offset, seg.base + hint[1] if hint else seg.base)
-        pos, base = seg.position_for(lo)
-        fd = _open_segment(store, seg, lo)
-        try:
-            for _, _, _, _, batch in iter_entries(
-                fd,
-                str(seg.log_path),
-                pos,
-                end_pos,
-                base,
-                max_batch_bytes=max_batch_bytes,
-                decode=True,
-                skip_below=lo,
-            ):
-                if batch is None:
-                    continue
-                for offset, ts in zip(batch.offsets, batch.timestamps):
-                    if ts >= timestamp and offset >= lo:
-                        return offset
-        finally:
-            os.close(fd)
-    return None

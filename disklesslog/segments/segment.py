@@ -24,6 +24,7 @@ from ..format import (
     batch_size,
     check_batch,
     decode_batch,
+    peek_header,
 )
 from ..records import RecordBatch
 from .index import OFFSET_ENTRY, TIME_ENTRY, SparseIndex
@@ -42,7 +43,11 @@ _LAST_DELTA = struct.Struct("<I")
 _LAST_DELTA_AT = PREFIX_SIZE + 2 + 4  # inside the tail: after attributes and record count
 NO_TIMESTAMP = -1
 
-Entry = tuple[int, int, int, BatchHeader | None, RecordBatch | None]
+Entry = tuple[int, int, BatchHeader, RecordBatch | None]
+
+
+PEEK, CHECK, DECODE = "peek", "check", "decode"
+"""How :func:`iter_entries` treats each entry: headers only, checksummed, or decoded."""
 
 
 def iter_entries(
@@ -53,17 +58,18 @@ def iter_entries(
     expected_base: int,
     *,
     max_batch_bytes: int,
-    decode: bool,
+    mode: str,
     skip_below: int = -1,
 ) -> Iterator[Entry]:
     """Walk the entries of a segment file from byte ``start`` to byte ``end``.
 
-    Yields ``(position, base_offset, span, header, batch)``. Entries whose offsets all lie
-    below ``skip_below`` are passed over without checksumming (``header`` and ``batch``
-    are ``None``); the others are verified with :func:`check_batch` (``decode=False``)
-    or decoded (``decode=True``). Raises :class:`IncompleteBatchError` when an entry
-    runs past ``end`` or the file, :class:`CorruptDataError` for anything invalid, both
-    naming ``source`` and the entry's byte position.
+    Yields ``(position, base_offset, span, header, batch)``. ``mode`` is ``PEEK``
+    (header read without checksum: for data verified before), ``CHECK`` (checksummed
+    with :func:`check_batch`) or ``DECODE`` (checksummed and decoded into ``batch``).
+    Entries whose offsets all lie below ``skip_below`` are only peeked. The chain of
+    base offsets is checked in every mode. Raises :class:`IncompleteBatchError` when an
+    entry runs past ``end`` or the file, :class:`CorruptDataError` for anything
+    invalid, both naming ``source`` and the entry's byte position.
     """
     pos = start
     buf = b""
@@ -94,20 +100,18 @@ def iter_entries(
                 raise CorruptDataError(
                     f"entry base offset {base}, expected {expected_base}", position=0
                 )
-            batch_at = off + ENTRY_PREFIX_SIZE
-            (last_delta,) = _LAST_DELTA.unpack_from(buf, batch_at + _LAST_DELTA_AT)
-            header: BatchHeader | None = None
+            at = off + ENTRY_PREFIX_SIZE
             batch: RecordBatch | None = None
-            if base + last_delta >= skip_below:
-                if decode:
-                    header, batch = decode_batch(
-                        buf, batch_at, base, max_batch_bytes=max_batch_bytes
-                    )
-                else:
-                    header = check_batch(buf, batch_at, max_batch_bytes=max_batch_bytes)
-            yield pos, base, last_delta + 1, header, batch
+            last = base + _LAST_DELTA.unpack_from(buf, at + _LAST_DELTA_AT)[0]
+            if mode == PEEK or last < skip_below:
+                header = peek_header(buf, at, max_batch_bytes=max_batch_bytes)
+            elif mode == DECODE:
+                header, batch = decode_batch(buf, at, base, max_batch_bytes=max_batch_bytes)
+            else:
+                header = check_batch(buf, at, max_batch_bytes=max_batch_bytes)
+            yield pos, base, header, batch
             pos += total
-            expected_base = base + last_delta + 1
+            expected_base = base + header.span
     except CorruptDataError as exc:
         raise type(exc)(exc.reason, source=source, position=pos) from None
 
@@ -230,24 +234,18 @@ class Segment:
         self.max_timestamp = NO_TIMESTAMP
         fd = os.open(self.log_path, os.O_RDONLY)
         try:
-            for pos, base, _, header, _ in iter_entries(
+            entries = iter_entries(
                 fd,
                 str(self.log_path),
                 0,
                 size,
                 self.base,
                 max_batch_bytes=max_batch_bytes,
-                decode=False,
-            ):
-                if header is not None:
-                    self.note_entry(
-                        pos,
-                        base,
-                        header.span,
-                        header.max_timestamp,
-                        ENTRY_PREFIX_SIZE + header.size,
-                        persist=False,
-                    )
+                mode=CHECK,
+            )
+            for pos, base, header, _ in entries:
+                total = ENTRY_PREFIX_SIZE + header.size
+                self.note_entry(pos, base, header.span, header.max_timestamp, total, persist=False)
         finally:
             os.close(fd)
         if self.end_offset != expected_end:

@@ -43,7 +43,15 @@ from .layout import (
     list_segments,
     segment_name,
 )
-from .segment import ENTRY_PREFIX, ENTRY_PREFIX_SIZE, NO_TIMESTAMP, Segment, iter_entries
+from .segment import (
+    CHECK,
+    ENTRY_PREFIX,
+    ENTRY_PREFIX_SIZE,
+    NO_TIMESTAMP,
+    PEEK,
+    Segment,
+    iter_entries,
+)
 
 __all__ = ["FSYNC_POLICIES", "Snapshot", "StreamGone", "StreamStore"]
 
@@ -123,6 +131,13 @@ class StreamStore:
             os.fsync(self._lock_fd)
         self._state, self._state_raw = state, raw
 
+    def _recovered(self) -> StreamState:
+        """The state with the recovery point moved to the end of the active segment."""
+        active = self._segments[-1]
+        return replace(
+            self._state, recovery_position=active.size, recovery_offset=active.end_offset
+        )
+
     def _new_segment(self, base: int) -> Segment:
         return Segment(self.directory, base, self.config.index_interval_bytes)
 
@@ -180,14 +195,11 @@ class StreamStore:
         self._state = state
         self._segments = []
         self._segments = self._closed_segments(bases[:-1])
-        truncated = self._open_active(
-            state.active_segment, verify_from=state.recovery_position, locked=True
-        )
+        truncated = self._open_active(state.active_segment, recovering=True, locked=True)
         self._sync_data()
-        generation = state.generation + 1 if truncated else state.generation
+        generation = self._state.generation + int(truncated)
         self._write_state(
-            replace(state, generation=generation, recovery_position=self._active.size),
-            sync=self._fsync != "never",
+            replace(self._recovered(), generation=generation), sync=self._fsync != "never"
         )
 
     def _closed_segments(self, bases: list[int]) -> list[Segment]:
@@ -206,36 +218,40 @@ class StreamStore:
             segments.append(seg)
         return segments
 
-    def _open_active(self, base: int, *, verify_from: int | None, locked: bool) -> bool:
-        """Open the active segment and learn its extent; returns True if it truncated.
+    def _recovery_point(self, base: int) -> tuple[int, int]:
+        """(byte position, offset) up to which segment ``base`` was verified already."""
+        state = self._state
+        if state.active_segment == base:
+            return state.recovery_position, state.recovery_offset
+        return 0, base
 
-        ``verify_from`` is the recovery point: index entries after it are distrusted and
-        the entries after it are re-verified. ``None`` trusts the indexes (another live
-        process wrote them) and scans only past their last entry.
+    def _open_active(self, base: int, *, recovering: bool, locked: bool) -> bool:
+        """Open the active segment and learn its extent; True if a bad tail was truncated.
+
+        ``recovering`` (on open, lock held) distrusts index entries after the recovery
+        point and rewrites them; otherwise the index files are trusted, because live
+        writers add entries only after complete batch entries.
         """
         seg = self._new_segment(base)
         fd = os.open(seg.log_path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
         try:
             size = os.lseek(fd, 0, os.SEEK_END)
-            limit = size if verify_from is None else min(verify_from, size)
-            index_ok = seg.index.load(max_key=_U32_MAX, max_value=size)
-            time_ok = seg.timeindex.load(max_key=_MAX_TS, max_value=_U32_MAX)
-            keep = bisect_right(seg.index.values, limit) if index_ok and time_ok else 0
-            pos, rel = (seg.index.values[keep - 1], seg.index.keys[keep - 1]) if keep else (0, 0)
-            time_keep = bisect_right(seg.timeindex.values, rel) if keep else 0
-            if locked and (keep < len(seg.index) or not index_ok):
-                seg.index.truncate(keep)
-            elif keep < len(seg.index):
-                del seg.index.keys[keep:], seg.index.values[keep:]
-            if locked and (time_keep < len(seg.timeindex) or not time_ok):
-                seg.timeindex.truncate(time_keep)
-            elif time_keep < len(seg.timeindex):
-                del seg.timeindex.keys[time_keep:], seg.timeindex.values[time_keep:]
-            seg.size, seg.end_offset = pos, base + rel
-            seg.max_timestamp = seg.timeindex.keys[time_keep - 1] if time_keep else NO_TIMESTAMP
-            if pos:
+            rp, _ = self._recovery_point(base)
+            if rp > size:
+                log.warning(
+                    "stream %r: %s is shorter (%d bytes) than its recovery point (%d); "
+                    "verifying all of it",
+                    self.name,
+                    seg.log_path.name,
+                    size,
+                    rp,
+                )
+                self._state = replace(self._state, recovery_position=0, recovery_offset=base)
+                rp = 0
+            self._load_active_indexes(seg, size, rp if recovering else size, rewrite=recovering)
+            if seg.size:
                 seg.first_timestamp = _first_max_timestamp(fd)
-            truncated = self._scan(seg, fd, size, locked=locked, write_index=locked)
+            truncated = self._advance(seg, fd, size, locked=locked, write_index=recovering)
         except BaseException:
             os.close(fd)
             raise
@@ -248,32 +264,81 @@ class StreamStore:
             self._segments.append(seg)
         return truncated
 
-    def _scan(self, seg: Segment, fd: int, size: int, *, locked: bool, write_index: bool) -> bool:
-        """Verify entries from ``seg.size`` to ``size`` and account for them.
+    def _load_active_indexes(self, seg: Segment, size: int, trusted: int, *, rewrite: bool) -> None:
+        """Load the active segment's indexes, keep the entries up to byte ``trusted``, and
+        position ``seg`` at the last kept entry (where scanning resumes)."""
+        index_ok = seg.index.load(max_key=_U32_MAX, max_value=size)
+        time_ok = seg.timeindex.load(max_key=_MAX_TS, max_value=_U32_MAX)
+        if not (index_ok and time_ok):
+            if not rewrite:
+                raise _NeedsLock
+            log.warning("stream %r: rebuilding the indexes of %s", self.name, seg.log_path.name)
+            keep = 0
+        else:
+            keep = bisect_right(seg.index.values, trusted)
+        pos, rel = (seg.index.values[keep - 1], seg.index.keys[keep - 1]) if keep else (0, 0)
+        time_keep = bisect_right(seg.timeindex.values, rel) if keep else 0
+        if (rewrite and keep < len(seg.index)) or not index_ok:
+            seg.index.truncate(keep)
+        if (rewrite and time_keep < len(seg.timeindex)) or not time_ok:
+            seg.timeindex.truncate(time_keep)
+        seg.size, seg.end_offset = pos, seg.base + rel
+        seg.max_timestamp = seg.timeindex.keys[time_keep - 1] if time_keep else NO_TIMESTAMP
 
-        At a torn or corrupt entry: a lock holder truncates the file there (returns
-        True); an unlocked reader stops at a short entry (still being written) and
-        escalates a corrupt one with :class:`_NeedsLock`.
+    def _advance(
+        self, seg: Segment, fd: int, size: int, *, locked: bool, write_index: bool
+    ) -> bool:
+        """Account for the entries from ``seg.size`` to byte ``size``; True if it truncated.
+
+        Entries before the recovery point were verified already: they are only peeked
+        (no checksum), and never truncated; damage there is logged and left for reads
+        to report as :class:`CorruptDataError`. Entries after it are checksummed. At a
+        torn or corrupt one, a lock holder truncates the file (a crash left it); an
+        unlocked reader stops at a short entry (still being written) and escalates a
+        corrupt one with :class:`_NeedsLock`.
         """
+        source = str(seg.log_path)
+        max_batch_bytes = self.config.max_batch_bytes
+        rp, rp_offset = self._recovery_point(seg.base)
+        if seg.size < rp <= size:
+            try:
+                for pos, base, header, _ in iter_entries(
+                    fd,
+                    source,
+                    seg.size,
+                    rp,
+                    seg.end_offset,
+                    max_batch_bytes=max_batch_bytes,
+                    mode=PEEK,
+                ):
+                    total = ENTRY_PREFIX_SIZE + header.size
+                    seg.note_entry(
+                        pos, base, header.span, header.max_timestamp, total, index=write_index
+                    )
+                if seg.end_offset != rp_offset:
+                    raise CorruptDataError(
+                        f"entries reach offset {seg.end_offset}, the recovery point says "
+                        f"{rp_offset}",
+                        source=source,
+                        position=rp,
+                    )
+            except CorruptDataError as exc:
+                log.error("stream %r: %s; reads of the damaged records will fail", self.name, exc)
+                seg.size, seg.end_offset, seg.max_timestamp = rp, rp_offset, _MAX_TS
         try:
-            for pos, base, span, header, _ in iter_entries(
+            for pos, base, header, _ in iter_entries(
                 fd,
-                str(seg.log_path),
+                source,
                 seg.size,
                 size,
                 seg.end_offset,
-                max_batch_bytes=self.config.max_batch_bytes,
-                decode=False,
+                max_batch_bytes=max_batch_bytes,
+                mode=CHECK,
             ):
-                if header is not None:  # always: nothing is skipped here
-                    seg.note_entry(
-                        pos,
-                        base,
-                        span,
-                        header.max_timestamp,
-                        ENTRY_PREFIX_SIZE + header.size,
-                        index=write_index,
-                    )
+                total = ENTRY_PREFIX_SIZE + header.size
+                seg.note_entry(
+                    pos, base, header.span, header.max_timestamp, total, index=write_index
+                )
         except CorruptDataError as exc:
             if not locked:
                 if isinstance(exc, IncompleteBatchError):
@@ -320,11 +385,12 @@ class StreamStore:
         if size == active.size:
             return
         if size < active.size:
-            self._open_active(active.base, verify_from=None, locked=locked)
+            self._open_active(active.base, recovering=False, locked=locked)
             return
-        self._scan(active, self._active_fd, size, locked=locked, write_index=False)
-        active.index.refresh(max_key=active.end_offset - active.base - 1, max_value=active.size - 1)
-        active.timeindex.refresh(max_key=_MAX_TS, max_value=active.end_offset - active.base - 1)
+        self._advance(active, self._active_fd, size, locked=locked, write_index=False)
+        rel_end = active.end_offset - active.base - 1
+        active.index.refresh(max_key=rel_end, max_value=active.size - 1)
+        active.timeindex.refresh(max_key=_MAX_TS, max_value=rel_end)
 
     def _reload(self, state: StreamState, *, locked: bool) -> None:
         bases = [base for base in list_segments(self.directory) if base <= state.active_segment]
@@ -337,7 +403,7 @@ class StreamStore:
                 )
             )
         self._segments = self._closed_segments(bases[:-1])
-        self._open_active(state.active_segment, verify_from=None, locked=locked)
+        self._open_active(state.active_segment, recovering=False, locked=locked)
 
     def _refresh_unlocked(self) -> None:
         try:
@@ -375,7 +441,7 @@ class StreamStore:
                         ]
                 if self._fsync == "always":
                     _FDATASYNC(self._active_fd)
-                    self._write_state(replace(self._state, recovery_position=self._active.size))
+                    self._write_state(self._recovered())
                 else:
                     self._unsynced = True
                 return bases
@@ -464,6 +530,7 @@ class StreamStore:
                 generation=self._state.generation + 1,
                 active_segment=new_base,
                 recovery_position=0,
+                recovery_offset=new_base,
             ),
             sync=durable,
         )
@@ -527,7 +594,7 @@ class StreamStore:
                 return
             self._unsynced = False
             fd = os.dup(self._active_fd)
-            base, size = self._active.base, self._active.size
+            base, size, end = self._active.base, self._active.size, self._active.end_offset
         try:
             if self._fsync != "never":
                 _FDATASYNC(fd)
@@ -541,8 +608,9 @@ class StreamStore:
                 return
             with self._locked():
                 self._refresh(locked=True)
-                if self._state.active_segment == base and self._state.recovery_position < size:
-                    self._write_state(replace(self._state, recovery_position=size))
+                state = self._state
+                if state.active_segment == base and state.recovery_position < size:
+                    self._write_state(replace(state, recovery_position=size, recovery_offset=end))
 
     def close(self) -> None:
         """Sync, record the recovery point and release the files. Idempotent."""
@@ -556,9 +624,7 @@ class StreamStore:
                     with self._locked():
                         self._refresh(locked=True)
                         if self._state.recovery_position < self._active.size:
-                            self._write_state(
-                                replace(self._state, recovery_position=self._active.size)
-                            )
+                            self._write_state(self._recovered())
             except StreamGone:
                 pass
             finally:
