@@ -14,6 +14,7 @@ import base64
 import contextlib
 import itertools
 import json
+import logging
 import os
 import signal
 import sys
@@ -27,7 +28,7 @@ from typing import Any, BinaryIO, Literal
 
 from . import __version__
 from . import open as open_log
-from .api import AbstractLog, Stream, StreamInfo
+from .api import Stream, StreamInfo
 from .config import StreamConfig
 from .errors import CorruptDataError, DisklessLogError, StreamNotFound
 from .records import Record
@@ -156,8 +157,9 @@ def _add_consume(commands: Any) -> None:
     consume = commands.add_parser(
         "consume",
         help="print records",
-        description="Print records from FROM (default: the start offset) up to TO "
-        "(exclusive; default: the end offset, or forever with --follow).",
+        description="Print records from --from (default: the start offset) up to --to "
+        "(exclusive; default: the end offset, or forever with --follow). Ctrl-C, SIGTERM "
+        "and a closed pipe end it quietly with exit code 0.",
     )
     consume.add_argument("url", metavar="URL")
     consume.add_argument("stream", metavar="STREAM")
@@ -184,7 +186,8 @@ def _add_consume(commands: Any) -> None:
         "--format",
         choices=("json", "raw"),
         default="json",
-        help="json: one object per line (default); raw: the value bytes and a newline",
+        help="json: one object per line (default; bytes that are not UTF-8 appear as "
+        "key_base64/value_base64); raw: the value bytes and a newline",
     )
     consume.set_defaults(handler=_cmd_consume, interrupted=EXIT_OK)
 
@@ -198,6 +201,7 @@ def main(argv: list[str] | None = None) -> int:
         args = _parse(argv)
     except SystemExit as exc:  # --help, --version and usage errors
         return exc.code if isinstance(exc.code, int) else EXIT_ERROR
+    _show_library_warnings()
     handler: Callable[[argparse.Namespace], int] = args.handler
     try:
         return handler(args)
@@ -221,6 +225,25 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
+def _show_library_warnings() -> None:
+    """Print what the library logs (e.g. a damaged segment found on open) as
+    ``disklesslog: logged warning: ...`` lines, unless the host program set up logging.
+
+    "logged" tells these apart from the command's own final ``disklesslog: error:``."""
+    logger = logging.getLogger("disklesslog")
+    if logger.handlers or logging.getLogger().handlers:
+        return
+    handler = logging.StreamHandler()
+    handler.setLevel(logging.WARNING)
+    handler.setFormatter(_WarningFormatter())
+    logger.addHandler(handler)
+
+
+class _WarningFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        return f"{PROG}: logged {record.levelname.lower()}: {record.getMessage()}"
+
+
 def _print_error(exc: BaseException) -> None:
     """One line on stderr, never a traceback: the message of a library error already
     says what went wrong and what to do."""
@@ -235,17 +258,11 @@ def _silence_stdout() -> None:
         os.dup2(devnull, sys.stdout.fileno())
 
 
-@contextlib.contextmanager
-def _opened(url: str, *, create: bool) -> Iterator[AbstractLog]:
-    with open_log(url, create=create) as log:
-        yield log
-
-
 # -------------------------------------------------------------------- streams, describe
 
 
 def _cmd_streams(args: argparse.Namespace) -> int:
-    with _opened(args.url, create=False) as log:
+    with open_log(args.url, create=False) as log:
         names = log.streams()
     for name in names:
         print(name)
@@ -253,7 +270,7 @@ def _cmd_streams(args: argparse.Namespace) -> int:
 
 
 def _cmd_describe(args: argparse.Namespace) -> int:
-    with _opened(args.url, create=False) as log:
+    with open_log(args.url, create=False) as log:
         info = log.stream(args.stream).info()
     if args.json:
         print(json.dumps(describe_dict(info), indent=2, default=str))
@@ -342,14 +359,23 @@ class _Produced:
 
 
 def _cmd_produce(args: argparse.Namespace) -> int:
-    with _opened(args.url, create=True) as log:
+    with open_log(args.url, create=True) as log:
         stream = log.stream(args.stream)
         produced = _Produced()
         try:
-            _produce(stream, sys.stdin.buffer, args.key_sep, args.batch_size, produced)
+            _produce(stream, _input_lines(), args.key_sep, args.batch_size, produced)
         finally:
             print(_produced_message(stream.name, produced), file=sys.stderr)
     return EXIT_OK
+
+
+def _input_lines() -> BinaryIO:
+    """Standard input as bytes (binary-safe: no decoding, no newline translation)."""
+    if sys.stdin is None:
+        raise CliError("there is no standard input to read records from")
+    if sys.stdin.isatty():
+        print(f"{PROG}: reading one record per line; end with Ctrl-D", file=sys.stderr)
+    return sys.stdin.buffer
 
 
 def _produced_message(name: str, produced: _Produced) -> str:
@@ -399,7 +425,7 @@ def _parse_line(
     if not found:
         raise CliError(
             f"line {number} has no key separator {os.fsdecode(sep)!r}; "
-            f"lines {chunk_start}..{number} and later were not written"
+            f"nothing from line {chunk_start} on was written"
         )
     return key, value
 
@@ -410,7 +436,7 @@ def _append_chunk(stream: Stream, chunk: _Chunk, keyed: bool, out: _Produced) ->
         offsets = stream.append_batch(chunk.values, keys=chunk.keys if keyed else None)
     except DisklessLogError as exc:
         raise CliError(
-            f"lines {chunk.first_line}..{last_line} and later were not written: {exc}"
+            f"lines {chunk.first_line}..{last_line} were not written (nor any later line): {exc}"
         ) from exc
     out.add(offsets)
 
@@ -421,7 +447,7 @@ def _append_chunk(stream: Stream, chunk: _Chunk, keyed: bool, out: _Produced) ->
 def _cmd_consume(args: argparse.Namespace) -> int:
     encode = json_line if args.format == "json" else raw_line
     out: BinaryIO = sys.stdout.buffer
-    with _opened(args.url, create=False) as log:
+    with open_log(args.url, create=False) as log:
         stream = log.stream(args.stream)
         if args.follow:
             with _sigterm_as_interrupt():
@@ -545,7 +571,7 @@ class _Checked:
 
 def _cmd_verify(args: argparse.Namespace) -> int:
     checked = _Checked()
-    with _opened(args.url, create=False) as log:
+    with open_log(args.url, create=False) as log:
         names = [args.stream] if args.stream is not None else log.streams()
         for name in names:
             _verify_stream(log.stream(name), checked)

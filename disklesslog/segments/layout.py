@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import struct
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -116,7 +117,7 @@ def write_marker(root: Path) -> None:
     (root / TMP).mkdir(exist_ok=True)
     marker = root / MARKER
     if not marker.exists():
-        tmp = root / TMP / f"{MARKER}.{os.getpid()}"
+        tmp = root / TMP / f"{MARKER}.{os.getpid()}.{threading.get_ident()}"
         tmp.write_text(json.dumps(MARKER_CONTENT) + "\n")
         os.replace(tmp, marker)
 
@@ -141,7 +142,9 @@ def check_log_directory(root: Path, *, create: bool) -> None:
         (root / STREAMS).mkdir(exist_ok=True)
         (root / TMP).mkdir(exist_ok=True)
         return
-    if root.exists() and any(root.iterdir()):
+    # Only our own entries, but no marker yet: another process is creating the log
+    # right now. Finish the job with it (creating the marker is idempotent).
+    if root.exists() and any(entry.name not in (STREAMS, TMP) for entry in root.iterdir()):
         raise InvalidURL(
             f"{root} is a non-empty directory that is not a disklesslog log; "
             "open an empty or new directory instead"

@@ -194,7 +194,7 @@ class StreamStore:
                 self._remove_segment_files(base)
         self._state = state
         self._segments = []
-        self._segments = self._closed_segments(bases[:-1])
+        self._segments = self._closed_segments(bases)
         truncated = self._open_active(state.active_segment, recovering=True, locked=True)
         self._sync_data()
         generation = self._state.generation + int(truncated)
@@ -203,18 +203,19 @@ class StreamStore:
         )
 
     def _closed_segments(self, bases: list[int]) -> list[Segment]:
-        """Segment objects for closed segments, skipping those wholly below the start
-        offset (a trim in another process may be deleting them right now)."""
+        """Segment objects for every segment but the last (active) one of ``bases``,
+        skipping those wholly below the start offset (a trim in another process may be
+        deleting them right now). Each ends where the next one starts."""
         known = {seg.base: seg for seg in self._segments[:-1]}
         segments = []
-        for base, next_base in zip(bases, [*bases[1:], None]):
-            if next_base is not None and next_base <= self._state.start_offset:
+        for base, next_base in itertools.pairwise(bases):
+            if next_base <= self._state.start_offset:
                 continue
             seg = known.get(base)
             if seg is None:
                 seg = self._new_segment(base)
                 seg.size = os.stat(seg.log_path).st_size
-            seg.end_offset = next_base if next_base is not None else seg.end_offset
+            seg.end_offset = next_base
             segments.append(seg)
         return segments
 
@@ -402,7 +403,7 @@ class StreamStore:
                     f"active segment {state.active_segment} is missing", source=str(self.directory)
                 )
             )
-        self._segments = self._closed_segments(bases[:-1])
+        self._segments = self._closed_segments(bases)
         self._open_active(state.active_segment, recovering=False, locked=locked)
 
     def _refresh_unlocked(self) -> None:

@@ -155,9 +155,12 @@ def test_bad_records_raise_typed_errors_and_write_nothing(
         stream.append(**kwargs)
     assert str(info.value)  # a message that says what is wrong
     with pytest.raises(error):
-        stream.append_batch([b"ok", kwargs["value"]], keys=[None, kwargs.get("key")],
-                            headers=[None, kwargs.get("headers")],
-                            timestamps=[1, kwargs["timestamp"]] if "timestamp" in kwargs else None)
+        stream.append_batch(
+            [b"ok", kwargs["value"]],
+            keys=[None, kwargs.get("key")],
+            headers=[None, kwargs.get("headers")],
+            timestamps=[1, kwargs["timestamp"]] if "timestamp" in kwargs else None,
+        )
     assert [r.value for r in stream.read()] == [b"before"]
 
 
@@ -493,8 +496,9 @@ def test_writer_futures_resolve_to_offsets(log: disklesslog.Log) -> None:
 def test_writer_keeps_order_and_all_fields(log: disklesslog.Log) -> None:
     with log.writer(linger_ms=50) as writer:
         for i in range(1000):
-            writer.append("s", b"%d" % i, key=b"k%d" % (i % 7), headers={"i": b"%d" % i},
-                          timestamp=1_000 + i)
+            writer.append(
+                "s", b"%d" % i, key=b"k%d" % (i % 7), headers={"i": b"%d" % i}, timestamp=1_000 + i
+            )
     records = list(log.stream("s").read())
     assert [r.offset for r in records] == list(range(1000))
     assert records[999] == Record(999, 1_999, b"k5", b"999", (("i", b"999"),))

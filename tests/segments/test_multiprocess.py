@@ -1,0 +1,95 @@
+"""Several processes on one local log: appends serialise on the stream's lock, readers
+in other processes see only complete batches, and structural changes (rolls, trims,
+deletes) made by one process are seen by the others."""
+
+from __future__ import annotations
+
+import multiprocessing
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+import pytest
+from workers import STREAM_CONFIG, append_worker, prefix_reader
+
+import disklesslog
+
+SPAWN = multiprocessing.get_context("spawn")
+
+
+def _check_interleaving(directory: Path, processes: int, per_process: int) -> None:
+    with disklesslog.open(directory, fsync="never") as log:
+        records = list(log.stream("s").read())
+    assert [r.offset for r in records] == list(range(processes * per_process))
+    values = [r.value for r in records]
+    assert len(set(values)) == len(values)
+    for tag in range(processes):
+        mine = [v for v in values if v.startswith(b"%d:" % tag)]
+        assert mine == [b"%d:%d" % (tag, i) for i in range(per_process)]
+
+
+@pytest.mark.parametrize("fsync", ["never", "always"])
+def test_four_processes_append_to_one_stream(tmp_path: Path, fsync: str) -> None:
+    per_process = 1500 if fsync == "never" else 300
+    with ProcessPoolExecutor(4, mp_context=SPAWN) as pool:
+        futures = [
+            pool.submit(append_worker, str(tmp_path), tag, per_process, fsync) for tag in range(4)
+        ]
+        for future in futures:
+            future.result(timeout=120)
+    _check_interleaving(tmp_path, 4, per_process)
+    segments = list((tmp_path / "streams" / "s").glob("*.log"))
+    assert len(segments) > 3, "the processes never raced on a segment roll"
+
+
+def test_reader_process_sees_only_complete_prefixes(tmp_path: Path) -> None:
+    per_process = 1500
+    with disklesslog.open(tmp_path) as log:
+        log.create_stream("s", **STREAM_CONFIG)
+    with ProcessPoolExecutor(4, mp_context=SPAWN) as pool:
+        reader = pool.submit(prefix_reader, str(tmp_path), 2 * per_process, 120.0)
+        writers = [
+            pool.submit(append_worker, str(tmp_path), tag, per_process, "never") for tag in range(2)
+        ]
+        for future in writers:
+            future.result(timeout=120)
+        assert reader.result(timeout=120) == ""
+    _check_interleaving(tmp_path, 2, per_process)
+
+
+def _append_then_report(directory: str, values: list[bytes]) -> int:
+    with disklesslog.open(directory, fsync="never") as log:
+        return log.stream("s").append_batch(values)[0]
+
+
+def _trim(directory: str, before: int) -> int:
+    with disklesslog.open(directory, fsync="never") as log:
+        log.stream("s").trim(before)
+        return log.stream("s").start_offset
+
+
+def _delete(directory: str) -> None:
+    with disklesslog.open(directory, fsync="never") as log:
+        log.delete_stream("s")
+
+
+def test_changes_by_other_processes_are_seen(tmp_path: Path) -> None:
+    """A long-lived log object keeps working while other processes roll, trim and delete."""
+    with (
+        disklesslog.open(tmp_path, fsync="never") as log,
+        ProcessPoolExecutor(1, mp_context=SPAWN) as pool,
+    ):
+        stream = log.create_stream("s", segment_bytes=4096)
+        stream.append_batch([b"mine-%d" % i for i in range(10)])
+        base = pool.submit(_append_then_report, str(tmp_path), [b"x" * 500] * 40).result()
+        assert base == 10
+        assert stream.end_offset == 50  # their appends (and rolls) are visible here
+        assert stream.append(b"after") == 50
+        assert pool.submit(_trim, str(tmp_path), 30).result() == 30
+        assert stream.start_offset == 30
+        with pytest.raises(disklesslog.OffsetOutOfRange):
+            list(stream.read(10))
+        assert [r.offset for r in stream.read()] == list(range(30, 51))
+        pool.submit(_delete, str(tmp_path)).result()
+        with pytest.raises(disklesslog.StreamNotFound):
+            stream.end_offset  # noqa: B018
+        assert stream.append(b"reborn") == 0

@@ -1,0 +1,122 @@
+"""Code that runs in child processes for the multi-process and crash tests.
+
+Run as a script for the crash test (``python workers.py crash DIR ROUND MODE SEED``);
+imported by ``multiprocessing`` (spawn) for the concurrency tests.
+"""
+
+from __future__ import annotations
+
+import random
+import sys
+import threading
+import time
+
+import disklesslog
+
+# Small segments and a dense index, so crashes and races hit rolls and index writes.
+STREAM_CONFIG = {"segment_bytes": 4096, "index_interval_bytes": 256}
+
+
+def value(round_no: int, seq: int) -> bytes:
+    """A record value that names its round and sequence number, with varied padding."""
+    padding = b"." * ((seq * 7919 + round_no * 31) % 300)
+    return b"r%04d-s%08d-" % (round_no, seq) + padding
+
+
+def matches(record_value: bytes, round_no: int, seq: int) -> bool:
+    """Whether a stored value is what ``value`` (plus any "large" mode suffix) produced."""
+    return record_value.rstrip(b"#") == value(round_no, seq)
+
+
+def parse(record_value: bytes) -> tuple[int, int]:
+    return int(record_value[1:5]), int(record_value[7:15])
+
+
+def crash_child(directory: str, round_no: int, mode: str, seed: int) -> None:
+    """Append forever and acknowledge each append on stdout once it has returned."""
+    rng = random.Random(seed)
+    log = disklesslog.open(directory, fsync="always")
+    stream = log.create_stream("s", **STREAM_CONFIG)
+    out = sys.stdout
+    lock = threading.Lock()
+
+    def ack(offset: int, count: int, seq: int) -> None:
+        with lock:
+            out.write(f"ack {offset} {count} {round_no} {seq}\n")
+            out.flush()
+
+    out.write("ready\n")
+    out.flush()
+    seq = 0
+    if mode == "writer":
+        writer = log.writer(linger_ms=1)
+        while True:
+            future = writer.append("s", value(round_no, seq))
+            future.add_done_callback(
+                lambda f, s=seq: ack(f.result(), 1, s) if f.exception() is None else None
+            )
+            seq += 1
+            if seq % 50 == 0:
+                time.sleep(0.001)
+    while True:
+        if mode == "large":  # big entries, so a kill can land in the middle of a write
+            count = rng.randint(100, 600)
+            big = [value(round_no, seq + i) + b"#" * 1000 for i in range(count)]
+            offsets = stream.append_batch(big)
+            ack(offsets[0], count, seq)
+            seq += count
+        elif mode == "append" or (mode == "mixed" and rng.random() < 0.5):
+            ack(stream.append(value(round_no, seq)), 1, seq)
+            seq += 1
+        else:
+            count = rng.randint(1, 40)
+            offsets = stream.append_batch([value(round_no, seq + i) for i in range(count)])
+            ack(offsets[0], count, seq)
+            seq += count
+
+
+def append_worker(directory: str, tag: int, count: int, fsync: str) -> None:
+    """Append ``count`` records tagged with ``tag``, singly and in small batches."""
+    rng = random.Random(tag)
+    with disklesslog.open(directory, fsync=fsync) as log:
+        stream = log.create_stream("s", **STREAM_CONFIG)
+        seq = 0
+        while seq < count:
+            n = min(count - seq, rng.choice([1, 1, 1, 5, 20]))
+            if n == 1:
+                stream.append(b"%d:%d" % (tag, seq))
+            else:
+                stream.append_batch([b"%d:%d" % (tag, seq + i) for i in range(n)])
+            seq += n
+
+
+def prefix_reader(directory: str, expected_total: int, timeout: float) -> str:
+    """Read the stream repeatedly until it holds ``expected_total`` records; return a
+    description of the first inconsistency seen, or "" if every read was consistent."""
+    deadline = time.monotonic() + timeout
+    with disklesslog.open(directory, fsync="never") as log:
+        stream = log.stream("s")
+        while time.monotonic() < deadline:
+            try:
+                records = list(stream.read())
+            except disklesslog.StreamNotFound:
+                continue
+            offsets = [r.offset for r in records]
+            if offsets != list(range(len(records))):
+                return f"offsets not dense: {offsets[:10]}"
+            seen: dict[bytes, int] = {}
+            for r in records:
+                tag, seq = r.value.split(b":")
+                if int(seq) != seen.get(tag, -1) + 1:
+                    return f"process {tag!r} out of order at offset {r.offset}"
+                seen[tag] = int(seq)
+            if len(records) >= expected_total:
+                return ""
+    return "timed out"
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "crash":
+        crash_child(sys.argv[2], int(sys.argv[3]), sys.argv[4], int(sys.argv[5]))
+    else:
+        raise SystemExit(f"unknown command {sys.argv[1]!r}")
