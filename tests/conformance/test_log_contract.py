@@ -49,7 +49,7 @@ def test_records_keep_every_field(log: disklesslog.Log) -> None:
     ]
     first = records[0]
     assert (first.offset, first.timestamp, first.key, first.value) == (0, 1_000, b"k0", b"v0")
-    offset, timestamp, key, value, headers = first  # unpacks like a tuple
+    offset, _timestamp, _key, value, _headers = first  # unpacks like a tuple
     assert (offset, value) == (0, b"v0")
     with pytest.raises(AttributeError):
         first.value = b"changed"  # type: ignore[misc]
@@ -415,8 +415,8 @@ def test_closed_log_refuses_work(log_factory) -> None:
         lambda: log.stream("s"),
         lambda: stream.append(b"y"),
         lambda: list(stream.read()),
-        lambda: log.streams(),
-        lambda: log.writer(),
+        log.streams,
+        log.writer,
     ):
         with pytest.raises(LogClosedError):
             action()

@@ -72,7 +72,7 @@ def _reopen_and_read(directory: Path) -> tuple[list[Record], int]:
         records = list(stream.read())
         end = stream.end_offset
         stream.append(b"after-recovery")  # the repaired stream takes appends again
-        assert list(stream.read(end))[0].value == b"after-recovery"
+        assert next(iter(stream.read(end))).value == b"after-recovery"
     return records, end
 
 
