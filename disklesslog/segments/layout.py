@@ -150,7 +150,8 @@ def check_log_directory(root: Path, *, create: bool) -> None:
             "open an empty or new directory instead"
         )
     if not create:
-        raise InvalidURL(f"{root} is not a log (no {MARKER}); pass create=True to make one")
+        what = "is an empty directory" if root.exists() else "does not exist"
+        raise InvalidURL(f"{root} is not a log: it {what} (opened with create=False)")
     root.mkdir(parents=True, exist_ok=True)
     write_marker(root)
 
