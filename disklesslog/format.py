@@ -322,8 +322,8 @@ def encode_batch(
         raise InvalidRecordError("a batch needs at least one record")
     keys_seq = _as_sequence(keys, "keys")
     headers_seq = _as_sequence(headers, "headers")
-    if not HEADER_SIZE < max_batch_bytes <= MAX_BATCH_BYTES_LIMIT:
-        raise ConfigError(f"max_batch_bytes must be in {HEADER_SIZE + 1}..{MAX_BATCH_BYTES_LIMIT}")
+    _check_limits(max_record_bytes, max_batch_bytes)
+    _check_producer(producer_id, producer_epoch, base_sequence)
 
     _check_binary_column(values_seq, "value")
     if keys_seq is not None:
@@ -356,6 +356,9 @@ def encode_batch(
 
     base_ts, max_ts, ts_deltas = _timestamps(timestamps, count)
     deltas_field: list[int] | None = None
+    if last_offset_delta is not None and type(last_offset_delta) is not int:
+        raise InvalidRecordError("last_offset_delta must be an int")
+    offset_deltas = _as_sequence(offset_deltas, "offset_deltas")
     if offset_deltas is not None:
         last = last_offset_delta
         if last is None:
@@ -401,6 +404,7 @@ def encode_record(
 
     Same checks and same bytes as ``encode_batch([value], ...)``.
     """
+    _check_limits(max_record_bytes, max_batch_bytes)
     normalized, _, timestamp = check_record(
         value, key, headers, timestamp, max_record_bytes=max_record_bytes
     )
@@ -501,6 +505,33 @@ def check_record(
     elif not 0 <= timestamp <= MAX_TIMESTAMP:
         raise InvalidRecordError(f"timestamp {timestamp} is outside 0..2**63-1 (ms)")
     return normalized, size, timestamp
+
+
+def _check_limits(max_record_bytes: int, max_batch_bytes: int) -> None:
+    if (
+        type(max_batch_bytes) is not int
+        or not HEADER_SIZE < max_batch_bytes <= MAX_BATCH_BYTES_LIMIT
+    ):
+        raise ConfigError(
+            f"max_batch_bytes must be an int in {HEADER_SIZE + 1}..{MAX_BATCH_BYTES_LIMIT}"
+        )
+    if type(max_record_bytes) is not int or max_record_bytes < 1:
+        raise ConfigError("max_record_bytes must be a positive int")
+
+
+_PRODUCER_RANGES = (
+    ("producer_id", -1, (1 << 63) - 1),
+    ("producer_epoch", -1, (1 << 15) - 1),
+    ("base_sequence", -1, (1 << 31) - 1),
+)
+
+
+def _check_producer(producer_id: int, producer_epoch: int, base_sequence: int) -> None:
+    for (name, low, high), value in zip(
+        _PRODUCER_RANGES, (producer_id, producer_epoch, base_sequence)
+    ):
+        if type(value) is not int or not low <= value <= high:
+            raise InvalidRecordError(f"{name} must be an int in {low}..{high}, not {value!r}")
 
 
 def _check_each_record(

@@ -15,10 +15,13 @@ the log directory.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import shutil
 import struct
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -154,6 +157,28 @@ def check_log_directory(root: Path, *, create: bool) -> None:
         raise InvalidURL(f"{root} is not a log: it {what} (opened with create=False)")
     root.mkdir(parents=True, exist_ok=True)
     write_marker(root)
+
+
+STAGING_GRACE_SECONDS = 3600
+"""Staging entries in ``tmp/`` older than this are leftovers of a crashed process."""
+
+
+def clean_staging(root: Path) -> None:
+    """Remove what crashed processes left in ``tmp/``: half-deleted streams at once,
+    half-created ones (and marker drafts) once they are an hour old, since another
+    process may be creating a stream right now."""
+    now = time.time()
+    for entry in os.scandir(root / TMP):
+        try:
+            stale = now - entry.stat(follow_symlinks=False).st_mtime > STAGING_GRACE_SECONDS
+        except FileNotFoundError:
+            continue
+        if entry.name.startswith("deleted-") or stale:
+            if entry.is_dir(follow_symlinks=False):
+                shutil.rmtree(entry.path, ignore_errors=True)
+            else:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(entry.path)
 
 
 def fsync_directory(path: Path) -> None:

@@ -52,6 +52,7 @@ from .layout import (
     TMP,
     StreamState,
     check_log_directory,
+    clean_staging,
     fsync_directory,
     segment_name,
 )
@@ -88,6 +89,7 @@ class SegmentLog(AbstractLog):
             raise ConfigError("fsync_interval_ms must be an int in 1..3600000")
         self._defaults = StreamConfig.from_dict(stream_defaults)
         check_log_directory(root, create=create)
+        clean_staging(root)
         self.path = root
         self._fsync = fsync
         self._stores: dict[str, StreamStore] = {}

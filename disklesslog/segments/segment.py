@@ -219,7 +219,8 @@ class Segment:
             ok = self.index.load(max_key=span, max_value=self.size) and self.timeindex.load(
                 max_key=2**63 - 1, max_value=span
             )
-            if not ok or (self.size and not len(self.timeindex)):
+            missing = self.size > self.index_interval and not self.index.path.exists()
+            if not ok or missing or (self.size and not len(self.timeindex)):
                 self.rebuild_indexes(max_batch_bytes)
             last_time = self.timeindex.last
             self.max_timestamp = last_time[0] if last_time else NO_TIMESTAMP

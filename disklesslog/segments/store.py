@@ -177,6 +177,7 @@ class StreamStore:
                 generation=random.getrandbits(62),
                 start_offset=bases[0] if bases else 0,
                 active_segment=active,
+                recovery_offset=active,
             )
         if state.deleted:
             raise StreamGone(self.name)
