@@ -191,6 +191,33 @@ class Segment:
             if last_time is None or self.max_timestamp > last_time[0]:
                 self.timeindex.append(self.max_timestamp, rel, persist=persist)
 
+    def walk(
+        self,
+        fd: int,
+        end: int,
+        *,
+        mode: str,
+        max_batch_bytes: int,
+        index: bool = True,
+        persist: bool = True,
+    ) -> None:
+        """Walk the entries from ``self.size`` to byte ``end`` (in ``mode``, see
+        :func:`iter_entries`) and account for each with :meth:`note_entry`. On an error
+        the segment stays positioned after the last good entry."""
+        for pos, base, header, _ in iter_entries(
+            fd,
+            str(self.log_path),
+            self.size,
+            end,
+            self.end_offset,
+            max_batch_bytes=max_batch_bytes,
+            mode=mode,
+        ):
+            total = ENTRY_PREFIX_SIZE + header.size
+            self.note_entry(
+                pos, base, header.span, header.max_timestamp, total, index=index, persist=persist
+            )
+
     def seal(self, *, persist: bool = True) -> None:
         """Before the segment closes: make its last time-index entry its max timestamp,
         so a closed segment's max timestamp is read from one index entry."""
@@ -232,21 +259,10 @@ class Segment:
         self.index.clear()
         self.timeindex.clear()
         expected_end, size = self.end_offset, self.size
-        self.max_timestamp = NO_TIMESTAMP
+        self.size, self.end_offset, self.max_timestamp = 0, self.base, NO_TIMESTAMP
         fd = os.open(self.log_path, os.O_RDONLY)
         try:
-            entries = iter_entries(
-                fd,
-                str(self.log_path),
-                0,
-                size,
-                self.base,
-                max_batch_bytes=max_batch_bytes,
-                mode=CHECK,
-            )
-            for pos, base, header, _ in entries:
-                total = ENTRY_PREFIX_SIZE + header.size
-                self.note_entry(pos, base, header.span, header.max_timestamp, total, persist=False)
+            self.walk(fd, size, mode=CHECK, max_batch_bytes=max_batch_bytes, persist=False)
         finally:
             os.close(fd)
         if self.end_offset != expected_end:

@@ -50,7 +50,6 @@ from .segment import (
     NO_TIMESTAMP,
     PEEK,
     Segment,
-    iter_entries,
 )
 
 __all__ = ["FSYNC_POLICIES", "Snapshot", "StreamGone", "StreamStore"]
@@ -304,19 +303,7 @@ class StreamStore:
         rp, rp_offset = self._recovery_point(seg.base)
         if seg.size < rp <= size:
             try:
-                for pos, base, header, _ in iter_entries(
-                    fd,
-                    source,
-                    seg.size,
-                    rp,
-                    seg.end_offset,
-                    max_batch_bytes=max_batch_bytes,
-                    mode=PEEK,
-                ):
-                    total = ENTRY_PREFIX_SIZE + header.size
-                    seg.note_entry(
-                        pos, base, header.span, header.max_timestamp, total, index=write_index
-                    )
+                seg.walk(fd, rp, mode=PEEK, max_batch_bytes=max_batch_bytes, index=write_index)
                 if seg.end_offset != rp_offset:
                     raise CorruptDataError(
                         f"entries reach offset {seg.end_offset}, the recovery point says "
@@ -328,19 +315,7 @@ class StreamStore:
                 log.error("stream %r: %s; reads of the damaged records will fail", self.name, exc)
                 seg.size, seg.end_offset, seg.max_timestamp = rp, rp_offset, _MAX_TS
         try:
-            for pos, base, header, _ in iter_entries(
-                fd,
-                source,
-                seg.size,
-                size,
-                seg.end_offset,
-                max_batch_bytes=max_batch_bytes,
-                mode=CHECK,
-            ):
-                total = ENTRY_PREFIX_SIZE + header.size
-                seg.note_entry(
-                    pos, base, header.span, header.max_timestamp, total, index=write_index
-                )
+            seg.walk(fd, size, mode=CHECK, max_batch_bytes=max_batch_bytes, index=write_index)
         except CorruptDataError as exc:
             if not locked:
                 if isinstance(exc, IncompleteBatchError):
