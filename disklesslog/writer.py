@@ -69,6 +69,7 @@ class Writer(ABC):
         self._max_buffer_bytes = max_buffer_bytes
         self._cond = threading.Condition()
         self._buffers: dict[str, _StreamBuffer] = {}
+        self._configs: dict[str, StreamConfig] = {}  # fixed for a stream's life
         self._buffered_bytes = 0  # buffered + being written, for back-pressure
         self._oldest: float | None = None
         self._accepted = 0
@@ -103,10 +104,9 @@ class Writer(ABC):
         timestamp: int | None = None,
     ) -> Future[int]:
         """Buffer one record for ``stream``; the future resolves to its offset."""
-        buffer = self._buffers.get(stream) if type(stream) is str else None
-        config = (
-            buffer.config if buffer is not None else self._config_for(validate_stream_name(stream))
-        )
+        config = self._configs.get(stream) if type(stream) is str else None
+        if config is None:  # first record for this stream: check the name once
+            config = self._configs[stream] = self._config_for(validate_stream_name(stream))
         normalized, size, timestamp = check_record(
             value, key, headers, timestamp, max_record_bytes=config.max_record_bytes
         )

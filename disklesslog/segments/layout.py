@@ -126,37 +126,41 @@ def write_marker(root: Path) -> None:
 
 
 def check_log_directory(root: Path, *, create: bool) -> None:
-    """Make sure ``root`` is a local log (creating one in a new or empty directory)."""
+    """Make sure ``root`` is a local log, creating one in a new or empty directory.
+
+    Several processes may open a new log at once: a directory holding only our own
+    entries (``streams/``, ``tmp/``, the marker) is a log being created, and every
+    opener finishes creating it (each step is idempotent) before checking the marker.
+    """
     if root.exists() and not root.is_dir():
         raise InvalidURL(f"{root} is a file, not a log directory")
     marker = root / MARKER
-    if marker.exists():
-        try:
-            content: Any = json.loads(marker.read_text())
-        except (OSError, ValueError) as exc:
-            raise InvalidURL(f"{marker} is unreadable: {exc}") from None
-        if not isinstance(content, dict) or content.get("format") != MARKER_CONTENT["format"]:
-            raise InvalidURL(f"{root} holds a log of another kind: {content!r}")
-        if content.get("version") != MARKER_CONTENT["version"]:
-            raise InvalidURL(
-                f"{root} is a version {content.get('version')} log; this disklesslog reads "
-                f"version {MARKER_CONTENT['version']}"
-            )
-        (root / STREAMS).mkdir(exist_ok=True)
-        (root / TMP).mkdir(exist_ok=True)
-        return
-    # Only our own entries, but no marker yet: another process is creating the log
-    # right now. Finish the job with it (creating the marker is idempotent).
-    if root.exists() and any(entry.name not in (STREAMS, TMP) for entry in root.iterdir()):
+    if not marker.exists():
+        if root.exists():
+            foreign = sorted(e.name for e in root.iterdir() if e.name not in (STREAMS, TMP, MARKER))
+            if foreign:
+                raise InvalidURL(
+                    f"{root} is a non-empty directory that is not a disklesslog log "
+                    f"(it holds {foreign[0]!r}); open an empty or new directory instead"
+                )
+        if not create:
+            what = "is an empty directory" if root.exists() else "does not exist"
+            raise InvalidURL(f"{root} is not a log: it {what} (opened with create=False)")
+        root.mkdir(parents=True, exist_ok=True)
+        write_marker(root)
+    try:
+        content: Any = json.loads(marker.read_text())
+    except (OSError, ValueError) as exc:
+        raise InvalidURL(f"{marker} is unreadable: {exc}") from None
+    if not isinstance(content, dict) or content.get("format") != MARKER_CONTENT["format"]:
+        raise InvalidURL(f"{root} holds a log of another kind: {content!r}")
+    if content.get("version") != MARKER_CONTENT["version"]:
         raise InvalidURL(
-            f"{root} is a non-empty directory that is not a disklesslog log; "
-            "open an empty or new directory instead"
+            f"{root} is a version {content.get('version')} log; this disklesslog reads "
+            f"version {MARKER_CONTENT['version']}"
         )
-    if not create:
-        what = "is an empty directory" if root.exists() else "does not exist"
-        raise InvalidURL(f"{root} is not a log: it {what} (opened with create=False)")
-    root.mkdir(parents=True, exist_ok=True)
-    write_marker(root)
+    (root / STREAMS).mkdir(exist_ok=True)
+    (root / TMP).mkdir(exist_ok=True)
 
 
 STAGING_GRACE_SECONDS = 3600

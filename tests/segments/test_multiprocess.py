@@ -93,3 +93,46 @@ def test_changes_by_other_processes_are_seen(tmp_path: Path) -> None:
         with pytest.raises(disklesslog.StreamNotFound):
             stream.end_offset  # noqa: B018
         assert stream.append(b"reborn") == 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("round_no", range(10))
+def test_four_processes_race_repeatedly(tmp_path: Path, round_no: int) -> None:
+    per_process = 5000
+    with ProcessPoolExecutor(4, mp_context=SPAWN) as pool:
+        futures = [
+            pool.submit(append_worker, str(tmp_path), tag + 10 * round_no, per_process, "never")
+            for tag in range(4)
+        ]
+        for future in futures:
+            future.result(timeout=300)
+    with disklesslog.open(tmp_path, fsync="never") as log:
+        records = list(log.stream("s").read())
+    assert [r.offset for r in records] == list(range(4 * per_process))
+    values = [r.value for r in records]
+    assert len(set(values)) == len(values)
+    for tag in range(10 * round_no, 10 * round_no + 4):
+        mine = [v for v in values if v.startswith(b"%d:" % tag)]
+        assert mine == [b"%d:%d" % (tag, i) for i in range(per_process)]
+
+
+def _open_new_and_append(directory: str, tag: int) -> int:
+    with disklesslog.open(directory, fsync="never") as log:
+        return log.stream("s").append(b"%d" % tag)
+
+
+def test_many_processes_create_one_new_log_at_once(tmp_path: Path) -> None:
+    """A log (and its first stream) created by 8 processes at the same moment."""
+    with ProcessPoolExecutor(8, mp_context=SPAWN) as pool:
+        pool.submit(int).result()  # start the workers before the race
+        for attempt in range(30):
+            directory = str(tmp_path / f"new-{attempt}")
+            offsets = [
+                f.result(timeout=60)
+                for f in [pool.submit(_open_new_and_append, directory, t) for t in range(8)]
+            ]
+            assert sorted(offsets) == list(range(8))
+            with disklesslog.open(directory, create=False) as log:
+                assert sorted(r.value for r in log.stream("s").read()) == sorted(
+                    b"%d" % t for t in range(8)
+                )
