@@ -7,6 +7,7 @@ allowed range, so backends can trust a :class:`StreamConfig` they are handed.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Mapping
 from typing import Any
 
@@ -57,6 +58,11 @@ class StreamConfig:
         _int_in("segment_bytes", self.segment_bytes, 1024, MAX_BATCH_BYTES_LIMIT)
         _int_in("segment_ms", self.segment_ms, 1, 100 * 365 * _DAY_MS)
         _int_in("index_interval_bytes", self.index_interval_bytes, 64, 1 << 30)
+
+    @functools.cached_property
+    def compression_code(self) -> int:
+        """The batch attribute code of :attr:`compression` (looked up once, used per append)."""
+        return COMPRESSIONS[self.compression]
 
     @classmethod
     def field_names(cls) -> frozenset[str]:

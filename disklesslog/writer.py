@@ -14,6 +14,7 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from concurrent.futures import Future
+from concurrent.futures._base import PENDING as _PENDING
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any
@@ -24,6 +25,41 @@ from .errors import ConfigError, DisklessLogError, LogClosedError
 from .format import HEADER_SIZE, EncodedBatch, check_record, encode_batch
 
 __all__ = ["Writer"]
+
+_FUTURE_FIELDS = {"_condition", "_state", "_result", "_exception", "_waiters", "_done_callbacks"}
+
+
+class _BatchFuture(Future[int]):
+    """A record's future whose condition is shared by every record of its batch.
+
+    A plain :class:`~concurrent.futures.Future` builds a Condition and an RLock per
+    instance: most of a buffering writer's per-record cost, and garbage-collector work.
+    Sharing one per batch is safe because the writer resolves a batch's futures
+    together while holding that condition, so no waiter wakes to an unresolved future
+    (``Future.result(timeout)`` waits only once). A buffered record cannot be
+    cancelled: ``cancel()`` returns False, as for a future that is already running.
+    """
+
+    def __init__(self, condition: threading.Condition) -> None:
+        # Future.__init__ would build the per-instance condition this class avoids.
+        self._condition = condition
+        self._state = _PENDING
+        self._result = None
+        self._exception = None
+        self._waiters: list[Any] = []
+        self._done_callbacks: list[Any] = []
+
+    def cancel(self) -> bool:
+        return False
+
+
+def _plain_future(condition: threading.Condition) -> Future[int]:
+    return Future()
+
+
+# _BatchFuture relies on Future's private attributes; if a Python release changes
+# them, use plain futures (slower, equally correct).
+_new_future = _BatchFuture if set(vars(Future())) == _FUTURE_FIELDS else _plain_future
 
 _RECORD_OVERHEAD = 32  # msgpack framing per record, bounded generously
 _BATCH_MARGIN = HEADER_SIZE + 64
@@ -39,6 +75,7 @@ class _Pending:
     headers: list[Any] = field(default_factory=list)
     timestamps: list[int] = field(default_factory=list)
     futures: list[Future[int]] = field(default_factory=list)
+    condition: threading.Condition = field(default_factory=threading.Condition)
     size: int = 0
 
 
@@ -67,7 +104,10 @@ class Writer(ABC):
             raise ConfigError(f"max_buffer_bytes must be an int >= 1024, not {max_buffer_bytes!r}")
         self._linger = linger_ms / 1000.0
         self._max_buffer_bytes = max_buffer_bytes
-        self._cond = threading.Condition()
+        # Appends take the bare lock (a C-level ``with``); the condition around it is
+        # only for waiting (flush, back-pressure, the flusher's timer) and notifying.
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
         self._buffers: dict[str, _StreamBuffer] = {}
         self._configs: dict[str, StreamConfig] = {}  # fixed for a stream's life
         self._buffered_bytes = 0  # buffered + being written, for back-pressure
@@ -111,8 +151,7 @@ class Writer(ABC):
             value, key, headers, timestamp, max_record_bytes=config.max_record_bytes
         )
         size += _RECORD_OVERHEAD
-        future: Future[int] = Future()
-        with self._cond:
+        with self._lock:
             if self._closed:
                 raise LogClosedError("the writer is closed")
             while self._buffered_bytes >= 2 * self._max_buffer_bytes and not self._closed:
@@ -128,6 +167,7 @@ class Writer(ABC):
             pending.keys.append(key)
             pending.headers.append(normalized)
             pending.timestamps.append(timestamp)
+            future = _new_future(pending.condition)
             pending.futures.append(future)
             pending.size += size
             self._buffered_bytes += size
@@ -244,8 +284,9 @@ class Writer(ABC):
                 self._fail(parts, result)
                 continue
             for part, base in zip(parts, result):
-                for offset, future in enumerate(part.futures, base):
-                    future.set_result(offset)
+                with part.condition:  # resolve the batch at once (see _BatchFuture)
+                    for offset, future in enumerate(part.futures, base):
+                        future.set_result(offset)
         return freed
 
     @staticmethod
@@ -255,7 +296,7 @@ class Writer(ABC):
             keys=part.keys,
             headers=part.headers,
             timestamps=part.timestamps,
-            compression=config.compression,
+            compression=config.compression_code,
             max_record_bytes=config.max_record_bytes,
             max_batch_bytes=config.max_batch_bytes,
         )
@@ -267,5 +308,6 @@ class Writer(ABC):
             if len(self._errors) < _MAX_KEPT_ERRORS:
                 self._errors.append(exc)
         for part in parts:
-            for future in part.futures:
-                future.set_exception(exc)
+            with part.condition:
+                for future in part.futures:
+                    future.set_exception(exc)

@@ -1133,3 +1133,44 @@ def test_os_urandom_values_round_trip_through_zstd() -> None:
     data = encode_batch(values, timestamps=TS, compression="zstd").data
     assert header_of(data).compression == 1
     assert [r.value for r in decode(data)] == values
+
+
+# ------------------------------------------------------------ borrowed encoding
+
+
+def test_borrowed_batch_has_the_same_bytes_and_dies_with_the_block() -> None:
+    from disklesslog.format import encode_batch_borrowed
+
+    values = [b"v%d" % i for i in range(100)]
+    owned = encode_batch(values, keys=[b"k"] * 100, timestamps=TS)
+    with encode_batch_borrowed(values, keys=[b"k"] * 100, timestamps=TS) as borrowed:
+        assert borrowed.data == owned.data
+        assert isinstance(borrowed.body, memoryview)
+        body = borrowed.body
+    with pytest.raises(ValueError, match="released"):
+        bytes(body)
+
+
+def test_borrowed_batches_nest_and_survive_errors() -> None:
+    from disklesslog.format import encode_batch_borrowed
+
+    with encode_batch_borrowed([b"outer"], timestamps=TS) as outer:
+        with encode_batch_borrowed([b"inner"], timestamps=TS) as inner:
+            assert inner.data == encode_batch([b"inner"], timestamps=TS).data
+        assert outer.data == encode_batch([b"outer"], timestamps=TS).data
+    with pytest.raises(RuntimeError), encode_batch_borrowed([b"x"], timestamps=TS):
+        raise RuntimeError("the caller failed mid-write")
+    with pytest.raises(InvalidRecordError), encode_batch_borrowed(["text"], timestamps=TS):
+        pass
+    with encode_batch_borrowed([b"after"], timestamps=TS) as again:  # the packer is reusable
+        assert again.data == encode_batch([b"after"], timestamps=TS).data
+
+
+def test_borrowed_zstd_batch_owns_its_compressed_body() -> None:
+    from disklesslog.format import encode_batch_borrowed
+
+    values = [b"abc" * 100] * 50
+    with encode_batch_borrowed(values, timestamps=TS, compression="zstd") as batch:
+        data = batch.data
+    assert data == encode_batch(values, timestamps=TS, compression="zstd").data
+    assert decode(data) == decode(encode_batch(values, timestamps=TS).data)

@@ -40,7 +40,7 @@ from ..errors import (
     StreamExistsError,
     StreamNotFound,
 )
-from ..format import EncodedBatch, encode_batch, encode_record
+from ..format import EncodedBatch, encode_batch_borrowed, encode_record
 from ..records import RecordBatch
 from ..writer import Writer
 from . import reader
@@ -305,26 +305,14 @@ class SegmentStream(Stream):
         headers: Any = None,
         timestamp: int | None = None,
     ) -> int:
-        def append_one(store: StreamStore) -> int:
-            config = store.config
-            batch = encode_record(
-                value,
-                key,
-                headers,
-                timestamp,
-                compression=config.compression,
-                max_record_bytes=config.max_record_bytes,
-                max_batch_bytes=config.max_batch_bytes,
-            )
-            return store.append([batch])[0]
-
         store = self._log._stores.get(self._name)
-        if store is not None:  # the hot path; a deleted stream takes the slow one
+        if store is not None:  # the hot path; a new or deleted stream takes the slow one
             try:
-                return append_one(store)
+                return _append_record(value, key, headers, timestamp, store)
             except StreamGone:
                 pass
-        return self._log._with_store(self._name, append_one, create=True)
+        append = functools.partial(_append_record, value, key, headers, timestamp)
+        return self._log._with_store(self._name, append, create=True)
 
     def append_batch(
         self,
@@ -336,16 +324,16 @@ class SegmentStream(Stream):
     ) -> list[int]:
         def append_all(store: StreamStore) -> list[int]:
             config = store.config
-            batch = encode_batch(
+            with encode_batch_borrowed(
                 values,
                 keys,
                 headers,
                 timestamps,
-                compression=config.compression,
+                compression=config.compression_code,
                 max_record_bytes=config.max_record_bytes,
                 max_batch_bytes=config.max_batch_bytes,
-            )
-            base = store.append([batch])[0]
+            ) as batch:
+                base = store.append([batch])[0]
             return list(range(base, base + batch.record_count))
 
         return self._log._with_store(self._name, append_all, create=True)
@@ -443,3 +431,19 @@ class SegmentWriter(Writer):
 
 def _append_to(batches: list[EncodedBatch], store: StreamStore) -> list[int]:
     return store.append(batches)
+
+
+def _append_record(
+    value: bytes | None, key: bytes | None, headers: Any, timestamp: int | None, store: StreamStore
+) -> int:
+    config = store.config
+    batch = encode_record(
+        value,
+        key,
+        headers,
+        timestamp,
+        compression=config.compression_code,
+        max_record_bytes=config.max_record_bytes,
+        max_batch_bytes=config.max_batch_bytes,
+    )
+    return store.append([batch])[0]

@@ -406,15 +406,14 @@ class StreamStore:
             try:
                 self._refresh(locked=True)
                 if len(batches) == 1:
-                    bases = self._write_group(batches, ENTRY_PREFIX_SIZE + len(batches[0].data))
+                    bases = self._write_group(batches, ENTRY_PREFIX_SIZE + batches[0].size)
                 else:
-                    total = sum(ENTRY_PREFIX_SIZE + len(batch.data) for batch in batches)
+                    total = sum(ENTRY_PREFIX_SIZE + batch.size for batch in batches)
                     if total <= self.config.segment_bytes:
                         bases = self._write_group(batches, total)
                     else:  # too big for one segment: batch by batch, each atomic
                         bases = [
-                            self._write_group([b], ENTRY_PREFIX_SIZE + len(b.data))[0]
-                            for b in batches
+                            self._write_group([b], ENTRY_PREFIX_SIZE + b.size)[0] for b in batches
                         ]
                 if self._fsync == "always":
                     _FDATASYNC(self._active_fd)
@@ -442,7 +441,9 @@ class StreamStore:
         if len(batches) == 1:
             batch = batches[0]
             try:
-                written = os.writev(self._active_fd, (ENTRY_PREFIX.pack(base), batch.data))
+                written = os.writev(
+                    self._active_fd, (ENTRY_PREFIX.pack(base), batch.header, batch.body)
+                )
             except BaseException:
                 os.ftruncate(self._active_fd, start)
                 raise
@@ -452,21 +453,24 @@ class StreamStore:
             active.note_entry(start, base, batch.last_offset_delta + 1, batch.max_timestamp, total)
             return [base]
         bases = []
-        parts: list[bytes] = []
+        parts: list[bytes | memoryview] = []
         for batch in batches:
             bases.append(base)
             parts.append(ENTRY_PREFIX.pack(base))
-            parts.append(batch.data)
+            parts.append(batch.header)
+            parts.append(batch.body)
             base += batch.span
         self._write_all(active, parts, total, start)
         pos = start
         for batch, batch_base in zip(batches, bases):
-            size = ENTRY_PREFIX_SIZE + len(batch.data)
+            size = ENTRY_PREFIX_SIZE + batch.size
             active.note_entry(pos, batch_base, batch.span, batch.max_timestamp, size)
             pos += size
         return bases
 
-    def _write_all(self, active: Segment, parts: list[bytes], total: int, start: int) -> None:
+    def _write_all(
+        self, active: Segment, parts: list[bytes | memoryview], total: int, start: int
+    ) -> None:
         """Write ``parts`` at the end of the active file, or truncate back to ``start``."""
         try:
             if len(parts) <= _IOV_CHUNK:
