@@ -1,0 +1,185 @@
+"""Diagnostics behind the goals docs/benchmarks.md reports as not met.
+
+    .venv/bin/python benchmarks/probes.py            all probes
+    .venv/bin/python benchmarks/probes.py packb      one of: packb, append, writer, pagecache
+
+``packb``   the cost of ``msgpack.packb`` on a 1,000 x 1 KiB batch body (what
+            ``format.encode_batch`` does) against a pre-sized or reused ``msgpack.Packer``,
+            with the minor page faults each incurs.
+``append``  where the time of one ``Stream.append`` goes: the encoding, the store's append
+            path, and the same five system calls made bare.
+``writer``  ``Writer`` throughput with the garbage collector on and off.
+``pagecache`` the same 300 MB buffered write (then delete), six times in a row: on a VM that
+            returns freed memory to its host the first is slow, the next ones are not.
+
+Each number is the best of 5 timed loops (``writer``: one loop per setting, 3 times).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import gc
+import os
+import resource
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import msgpack
+
+import disklesslog
+from disklesslog.format import encode_record
+from disklesslog.segments.segment import ENTRY_PREFIX
+
+
+def _best(loop: Callable[[], None], repeat: int = 5) -> float:
+    best = float("inf")
+    for _ in range(repeat):
+        start = time.perf_counter()
+        loop()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def packb() -> None:
+    values = [os.urandom(1024) for _ in range(1000)]
+    body = [None, None, None, values, None]  # the five columns encode_batch packs
+    reused = msgpack.Packer(use_bin_type=True)
+    calls = 200
+    variants: list[tuple[str, Callable[[], object]]] = [
+        ("msgpack.packb (as encode_batch)", lambda: msgpack.packb(body, use_bin_type=True)),
+        (
+            "Packer(buf_size=2 MiB).pack",
+            lambda: msgpack.Packer(use_bin_type=True, buf_size=2 << 20).pack(body),
+        ),
+        ("one Packer, reused", lambda: reused.pack(body)),
+    ]
+    for label, pack in variants:
+        pack()
+        faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
+        def loop(pack: Callable[[], object] = pack) -> None:
+            for _ in range(calls):
+                pack()
+
+        seconds = _best(loop)
+        faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults
+        print(
+            f"  {label:34} {seconds / calls * 1e3:6.3f} ms, "
+            f"{faults / (5 * calls):4.0f} minor page faults per 1 MB batch"
+        )
+
+
+def append() -> None:
+    n = 50_000
+    values = [os.urandom(100) for _ in range(1000)]
+    with tempfile.TemporaryDirectory() as tmp:
+        log = disklesslog.open(Path(tmp) / "log", fsync="never")
+        try:
+            stream = log.create_stream("s")
+            _ = stream.end_offset
+            store = log._stores["s"]  # type: ignore[attr-defined]
+            batches = [encode_record(values[i % 1000]) for i in range(n)]
+
+            def encode() -> None:
+                for i in range(n):
+                    encode_record(values[i % 1000])
+
+            def store_append() -> None:
+                for batch in batches:
+                    store.append([batch])
+
+            def stream_append() -> None:
+                add = stream.append
+                for i in range(n):
+                    add(values[i % 1000])
+
+            fd = os.open(Path(tmp) / "raw", os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
+            lock = os.open(Path(tmp) / "lock", os.O_RDWR | os.O_CREAT, 0o644)
+            prefixes = [ENTRY_PREFIX.pack(i) for i in range(1000)]
+
+            def five_syscalls() -> None:
+                for i in range(n):
+                    fcntl.flock(lock, fcntl.LOCK_EX)
+                    os.pread(lock, 48, 0)
+                    os.lseek(fd, 0, os.SEEK_END)
+                    os.writev(fd, (prefixes[i % 1000], batches[i].data))
+                    fcntl.flock(lock, fcntl.LOCK_UN)
+
+            def one_write() -> None:
+                for i in range(n):
+                    os.write(fd, batches[i].data)
+
+            rows = [
+                ("format.encode_record", encode),
+                ("StreamStore.append([batch]) (lock ... unlock)", store_append),
+                ("Stream.append (everything)", stream_append),
+                ("the 5 system calls alone (flock pread lseek writev flock)", five_syscalls),
+                ("one os.write", one_write),
+            ]
+            for label, loop in rows:
+                print(f"  {label:58} {_best(loop) / n * 1e6:6.2f} us per record")
+            os.close(fd)
+            os.close(lock)
+        finally:
+            log.close()
+
+
+def writer() -> None:
+    n = 100_000
+    values = [os.urandom(100) for _ in range(1000)]
+    with tempfile.TemporaryDirectory() as tmp, disklesslog.open(tmp) as log:
+        log.create_stream("s")
+        for _ in range(3):
+            for enabled in (True, False):
+                if enabled:
+                    gc.enable()
+                else:
+                    gc.disable()
+                with log.writer() as w:
+                    start = time.perf_counter()
+                    for i in range(n):
+                        w.append("s", values[i % 1000])
+                    w.flush()
+                    rate = n / (time.perf_counter() - start)
+                gc.enable()
+                print(
+                    f"  Writer, 1 stream, gc {'on ' if enabled else 'off'}: {rate:9,.0f} records/s"
+                )
+
+
+def pagecache() -> None:
+    chunk = os.urandom(1 << 20)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "f"
+        times = []
+        for _ in range(6):
+            start = time.perf_counter()
+            with open(path, "ab") as f:
+                for _ in range(300):
+                    f.write(chunk)
+                f.flush()
+            times.append(time.perf_counter() - start)
+            path.unlink()
+        print("  300 MB f.write + flush: " + ", ".join(f"{t:.3f} s" for t in times))
+
+
+PROBES = {"packb": packb, "append": append, "writer": writer, "pagecache": pagecache}
+
+
+def main(argv: list[str]) -> int:
+    names = argv or list(PROBES)
+    unknown = [name for name in names if name not in PROBES]
+    if unknown:
+        print(f"unknown probe(s) {unknown}; choose from {list(PROBES)}", file=sys.stderr)
+        return 2
+    for name in names:
+        print(f"{name}:")
+        PROBES[name]()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
