@@ -432,23 +432,29 @@ def test_log_is_a_context_manager(log_factory) -> None:
 
 
 def test_follow_tails_new_records(log: disklesslog.Log) -> None:
+    """Default start is the end offset: only records appended after following began."""
     stream = log.stream("s")
     stream.append(b"old")
     seen: list[bytes] = []
+    done = threading.Event()
 
     def consume() -> None:
-        for record in stream.follow(poll_interval=0.01, idle_timeout=2.0):
+        for record in stream.follow(poll_interval=0.01, idle_timeout=10.0):
             seen.append(record.value)
             if len(seen) == 3:
-                return
+                break
+        done.set()
 
     consumer = threading.Thread(target=consume)
     consumer.start()
-    time.sleep(0.05)
-    for value in (b"n1", b"n2", b"n3"):
-        stream.append(value)
+    n = 0
+    while not done.wait(0.01) and n < 2000:  # keep appending until it has seen three
+        stream.append(b"n%04d" % n)
+        n += 1
     consumer.join(10)
-    assert seen == [b"n1", b"n2", b"n3"]  # default start: the end offset, only new records
+    assert len(seen) == 3 and b"old" not in seen
+    first = int(seen[0][1:])
+    assert seen == [b"n%04d" % i for i in range(first, first + 3)]
 
 
 def test_follow_from_an_offset_and_idle_timeout(ten: disklesslog.Stream) -> None:

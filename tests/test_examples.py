@@ -1,0 +1,29 @@
+"""The examples run as a newcomer would run them, so they never rot."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+EXAMPLES = sorted((Path(__file__).resolve().parents[1] / "examples").glob("*.py"))
+
+
+def test_there_are_examples() -> None:
+    assert {p.name for p in EXAMPLES} >= {"quickstart.py", "many_processes.py"}
+
+
+@pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.name)
+def test_example_runs(example: Path, tmp_path: Path) -> None:
+    result = subprocess.run(
+        [sys.executable, str(example), str(tmp_path / "log")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.strip(), "an example should say what it did"
+    assert "Traceback" not in result.stderr
