@@ -60,11 +60,12 @@ def crash_child(directory: str, round_no: int, mode: str, seed: int) -> None:
                 time.sleep(0.001)
     while True:
         if mode == "large":  # big entries, so a kill can land in the middle of a write
-            count = rng.randint(100, 600)
+            count = rng.randint(50, 300)
             big = [value(round_no, seq + i) + b"#" * 1000 for i in range(count)]
             offsets = stream.append_batch(big)
             ack(offsets[0], count, seq)
             seq += count
+            time.sleep(0.005)  # paced: the checker re-reads the whole stream every round
         elif mode == "append" or (mode == "mixed" and rng.random() < 0.5):
             ack(stream.append(value(round_no, seq)), 1, seq)
             seq += 1
