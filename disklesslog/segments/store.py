@@ -249,7 +249,7 @@ class StreamStore:
                 )
                 self._state = replace(self._state, recovery_position=0, recovery_offset=base)
                 rp = 0
-            self._load_active_indexes(seg, size, rp if recovering else size, rewrite=recovering)
+            self._load_active_indexes(seg, size, rp if recovering else size, rewrite=locked)
             if seg.size:
                 seg.first_timestamp = _first_max_timestamp(fd)
             truncated = self._advance(seg, fd, size, locked=locked, write_index=recovering)
@@ -267,7 +267,11 @@ class StreamStore:
 
     def _load_active_indexes(self, seg: Segment, size: int, trusted: int, *, rewrite: bool) -> None:
         """Load the active segment's indexes, keep the entries up to byte ``trusted``, and
-        position ``seg`` at the last kept entry (where scanning resumes)."""
+        position ``seg`` at the last kept entry (where scanning resumes).
+
+        ``rewrite`` (lock held) brings the files in line: dropped entries are cut and
+        inconsistent files rebuilt; without the lock, an inconsistent file escalates.
+        """
         index_ok = seg.index.load(max_key=_U32_MAX, max_value=size)
         time_ok = seg.timeindex.load(max_key=_MAX_TS, max_value=_U32_MAX)
         if not (index_ok and time_ok):
@@ -371,14 +375,11 @@ class StreamStore:
 
     def _reload(self, state: StreamState, *, locked: bool) -> None:
         bases = [base for base in list_segments(self.directory) if base <= state.active_segment]
-        if not bases or bases[-1] != state.active_segment:
-            raise (
-                _NeedsLock
-                if not locked
-                else CorruptDataError(
-                    f"active segment {state.active_segment} is missing", source=str(self.directory)
-                )
-            )
+        if not bases or bases[-1] != state.active_segment:  # only recovery may repair this
+            if not locked:
+                raise _NeedsLock
+            self._recover()
+            return
         self._segments = self._closed_segments(bases)
         self._open_active(state.active_segment, recovering=False, locked=locked)
 

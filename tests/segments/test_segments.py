@@ -388,3 +388,23 @@ def test_non_string_url() -> None:
 def test_unknown_backend_name(tmp_path: Path) -> None:
     with pytest.raises(InvalidURL, match="unknown backend"):
         disklesslog.open(tmp_path, backend="nope")
+
+
+def test_damaged_index_of_a_segment_another_handle_rolled_to(tmp_path: Path) -> None:
+    """A handle catching up after another handle's roll finds the new active segment's
+    index damaged: appends and reads still work (the lock holder rebuilds it)."""
+    with (
+        disklesslog.open(tmp_path, fsync="never") as first,
+        disklesslog.open(tmp_path, fsync="never") as second,
+    ):
+        a = first.create_stream("s", segment_bytes=1024, index_interval_bytes=64)
+        b = second.stream("s")
+        a.append(b"x")
+        assert b.end_offset == 1  # the second handle has the stream open
+        for _ in range(30):
+            a.append(b"y" * 60)  # rolls
+        active = _logs(tmp_path)[-1]
+        active.with_suffix(".index").write_bytes(b"\xff" * 20)  # not 8-byte entries, bad
+        assert b.append(b"z") == 31
+        assert [r.value for r in b.read()][-2:] == [b"y" * 60, b"z"]
+        assert [r.value for r in a.read(30)] == [b"y" * 60, b"z"]
