@@ -63,11 +63,13 @@ class SparseIndex:
 
     # -------------------------------------------------------------- file sync
 
-    def load(self, *, max_key: int, max_value: int) -> bool:
+    def load(self, *, max_key: int, max_value: int, strict: bool = True) -> bool:
         """Read the whole file; return False if it is inconsistent.
 
-        Consistent means: strictly increasing keys, non-decreasing values, every entry
-        within ``max_key``/``max_value``. A partial trailing entry is ignored.
+        Consistent means: strictly increasing keys and non-decreasing values, and (when
+        ``strict``) every entry within ``max_key``/``max_value``. Without ``strict``,
+        entries past the bounds describe data this process has not seen yet: they are
+        left for :meth:`refresh`. A partial trailing entry is ignored.
         """
         self.clear()
         self._file_length = 0
@@ -77,9 +79,8 @@ class SparseIndex:
         except FileNotFoundError:
             return True
         usable = len(data) - len(data) % self._entry.size
-        return self._extend(data, max_key=max_key, max_value=max_value) and (
-            self._file_length == usable
-        )
+        consistent = self._extend(data, max_key=max_key, max_value=max_value)
+        return consistent and (not strict or self._file_length == usable)
 
     def refresh(self, *, max_key: int, max_value: int) -> bool:
         """Read entries another process appended since the last load or refresh.

@@ -192,52 +192,75 @@ class StreamStore:
         for base, next_base in itertools.pairwise(bases):
             if next_base <= state.start_offset:  # left by an interrupted trim
                 self._remove_segment_files(base)
-        self._state = state
-        self._segments = []
-        self._segments = self._closed_segments(bases)
-        truncated = self._open_active(state.active_segment, recovering=True, locked=True)
+        closed = self._closed_segments(bases, state, locked=True)
+        segment, fd, truncated = self._open_active(state, recovering=True, locked=True)
+        self._install(state, raw, closed, segment, fd)
         self._sync_data()
-        generation = self._state.generation + int(truncated)
         self._write_state(
-            replace(self._recovered(), generation=generation), sync=self._fsync != "never"
+            replace(self._recovered(), generation=state.generation + int(truncated)),
+            sync=self._fsync != "never",
         )
 
-    def _closed_segments(self, bases: list[int]) -> list[Segment]:
+    def _install(
+        self, state: StreamState, raw: bytes, closed: list[Segment], active: Segment, fd: int
+    ) -> None:
+        """Switch this process's view to a new segment list, active file and state, all
+        at once (so a failure while building them leaves the old view intact)."""
+        if self._active_fd >= 0 and self._active_fd != fd:
+            os.close(self._active_fd)
+        self._active_fd = fd
+        self._segments = [*closed, active]
+        self._state, self._state_raw = state, raw
+
+    def _closed_segments(
+        self, bases: list[int], state: StreamState, *, locked: bool
+    ) -> list[Segment]:
         """Segment objects for every segment but the last (active) one of ``bases``,
-        skipping those wholly below the start offset (a trim in another process may be
-        deleting them right now). Each ends where the next one starts."""
+        skipping those wholly below the start offset. Each ends where the next starts.
+
+        A segment that vanishes meanwhile was trimmed by another process after this one
+        read the state; without the lock that means "look again, with the lock".
+        """
         known = {seg.base: seg for seg in self._segments[:-1]}
         segments = []
         for base, next_base in itertools.pairwise(bases):
-            if next_base <= self._state.start_offset:
+            if next_base <= state.start_offset:
                 continue
             seg = known.get(base)
             if seg is None:
                 seg = self._new_segment(base)
-                seg.size = os.stat(seg.log_path).st_size
+                try:
+                    seg.size = os.stat(seg.log_path).st_size
+                except FileNotFoundError:
+                    if locked:
+                        raise
+                    raise _NeedsLock from None
             seg.end_offset = next_base
             segments.append(seg)
         return segments
 
-    def _recovery_point(self, base: int) -> tuple[int, int]:
+    @staticmethod
+    def _recovery_point(state: StreamState, base: int) -> tuple[int, int]:
         """(byte position, offset) up to which segment ``base`` was verified already."""
-        state = self._state
         if state.active_segment == base:
             return state.recovery_position, state.recovery_offset
         return 0, base
 
-    def _open_active(self, base: int, *, recovering: bool, locked: bool) -> bool:
-        """Open the active segment and learn its extent; True if a bad tail was truncated.
+    def _open_active(
+        self, state: StreamState, *, recovering: bool, locked: bool
+    ) -> tuple[Segment, int, bool]:
+        """Open ``state``'s active segment and learn its extent, without changing this
+        store. Returns the segment, its open file, and whether a bad tail was truncated.
 
         ``recovering`` (on open, lock held) distrusts index entries after the recovery
         point and rewrites them; otherwise the index files are trusted, because live
         writers add entries only after complete batch entries.
         """
-        seg = self._new_segment(base)
+        seg = self._new_segment(state.active_segment)
         fd = os.open(seg.log_path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
         try:
             size = os.lseek(fd, 0, os.SEEK_END)
-            rp, _ = self._recovery_point(base)
+            rp, rp_offset = self._recovery_point(state, seg.base)
             if rp > size:
                 log.warning(
                     "stream %r: %s is shorter (%d bytes) than its recovery point (%d); "
@@ -247,33 +270,30 @@ class StreamStore:
                     size,
                     rp,
                 )
-                self._state = replace(self._state, recovery_position=0, recovery_offset=base)
-                rp = 0
-            self._load_active_indexes(seg, size, rp if recovering else size, rewrite=locked)
+                rp, rp_offset = 0, seg.base
+            trusted = rp if recovering else size
+            self._load_active_indexes(seg, size, trusted, rewrite=locked)
             if seg.size:
                 seg.first_timestamp = _first_max_timestamp(fd)
-            truncated = self._advance(seg, fd, size, locked=locked, write_index=recovering)
+            truncated = self._advance(
+                seg, fd, size, rp, rp_offset, locked=locked, write_index=recovering
+            )
         except BaseException:
             os.close(fd)
             raise
-        if self._active_fd >= 0:
-            os.close(self._active_fd)
-        self._active_fd = fd
-        if self._segments and self._segments[-1].base == base:
-            self._segments[-1] = seg
-        else:
-            self._segments.append(seg)
-        return truncated
+        return seg, fd, truncated
 
     def _load_active_indexes(self, seg: Segment, size: int, trusted: int, *, rewrite: bool) -> None:
         """Load the active segment's indexes, keep the entries up to byte ``trusted``, and
         position ``seg`` at the last kept entry (where scanning resumes).
 
-        ``rewrite`` (lock held) brings the files in line: dropped entries are cut and
-        inconsistent files rebuilt; without the lock, an inconsistent file escalates.
+        Entries past ``size`` belong to appends this process has not seen yet; they are
+        left for a later refresh. ``rewrite`` (lock held) brings the files in line:
+        dropped entries are cut and inconsistent files rebuilt; without the lock, an
+        inconsistent file escalates.
         """
-        index_ok = seg.index.load(max_key=_U32_MAX, max_value=size)
-        time_ok = seg.timeindex.load(max_key=_MAX_TS, max_value=_U32_MAX)
+        index_ok = seg.index.load(max_key=_U32_MAX, max_value=size, strict=False)
+        time_ok = seg.timeindex.load(max_key=_MAX_TS, max_value=_U32_MAX, strict=False)
         if not (index_ok and time_ok):
             if not rewrite:
                 raise _NeedsLock
@@ -283,28 +303,35 @@ class StreamStore:
             keep = bisect_right(seg.index.values, trusted)
         pos, rel = (seg.index.values[keep - 1], seg.index.keys[keep - 1]) if keep else (0, 0)
         time_keep = bisect_right(seg.timeindex.values, rel) if keep else 0
-        if (rewrite and keep < len(seg.index)) or not index_ok:
+        if rewrite and (keep < len(seg.index) or not index_ok):
             seg.index.truncate(keep)
-        if (rewrite and time_keep < len(seg.timeindex)) or not time_ok:
+        if rewrite and (time_keep < len(seg.timeindex) or not time_ok):
             seg.timeindex.truncate(time_keep)
         seg.size, seg.end_offset = pos, seg.base + rel
         seg.max_timestamp = seg.timeindex.keys[time_keep - 1] if time_keep else NO_TIMESTAMP
 
     def _advance(
-        self, seg: Segment, fd: int, size: int, *, locked: bool, write_index: bool
+        self,
+        seg: Segment,
+        fd: int,
+        size: int,
+        rp: int,
+        rp_offset: int,
+        *,
+        locked: bool,
+        write_index: bool,
     ) -> bool:
         """Account for the entries from ``seg.size`` to byte ``size``; True if it truncated.
 
-        Entries before the recovery point were verified already: they are only peeked
-        (no checksum), and never truncated; damage there is logged and left for reads
-        to report as :class:`CorruptDataError`. Entries after it are checksummed. At a
-        torn or corrupt one, a lock holder truncates the file (a crash left it); an
-        unlocked reader stops at a short entry (still being written) and escalates a
-        corrupt one with :class:`_NeedsLock`.
+        Entries before the recovery point (``rp``, where offset ``rp_offset`` starts)
+        were verified already: they are only peeked (no checksum), and never truncated;
+        damage there is logged and left for reads to report as :class:`CorruptDataError`.
+        Entries after it are checksummed. At a torn or corrupt one, a lock holder
+        truncates the file (a crash left it); an unlocked reader stops at a short entry
+        (still being written) and escalates a corrupt one with :class:`_NeedsLock`.
         """
         source = str(seg.log_path)
         max_batch_bytes = self.config.max_batch_bytes
-        rp, rp_offset = self._recovery_point(seg.base)
         if seg.size < rp <= size:
             try:
                 seg.walk(fd, rp, mode=PEEK, max_batch_bytes=max_batch_bytes, index=write_index)
@@ -356,32 +383,37 @@ class StreamStore:
                 return
             if state.deleted:
                 raise StreamGone(self.name)
-            previous = self._state
-            self._state, self._state_raw = state, raw
-            if state.generation != previous.generation:
-                self._reload(state, locked=locked)
+            if state.generation != self._state.generation:
+                self._reload(state, raw, locked=locked)
                 return
+            self._state, self._state_raw = state, raw
         size = os.lseek(self._active_fd, 0, os.SEEK_END)
         active = self._segments[-1]
         if size == active.size:
             return
-        if size < active.size:
-            self._open_active(active.base, recovering=False, locked=locked)
+        if size < active.size:  # cut by another process's recovery: look again
+            seg, fd, _ = self._open_active(self._state, recovering=False, locked=locked)
+            self._install(self._state, self._state_raw, self._segments[:-1], seg, fd)
             return
-        self._advance(active, self._active_fd, size, locked=locked, write_index=False)
+        rp, rp_offset = self._recovery_point(self._state, active.base)
+        self._advance(
+            active, self._active_fd, size, rp, rp_offset, locked=locked, write_index=False
+        )
         rel_end = active.end_offset - active.base - 1
         active.index.refresh(max_key=rel_end, max_value=active.size - 1)
         active.timeindex.refresh(max_key=_MAX_TS, max_value=rel_end)
 
-    def _reload(self, state: StreamState, *, locked: bool) -> None:
+    def _reload(self, state: StreamState, raw: bytes, *, locked: bool) -> None:
+        """Re-list the segments after a roll, trim or truncation by another process."""
         bases = [base for base in list_segments(self.directory) if base <= state.active_segment]
         if not bases or bases[-1] != state.active_segment:  # only recovery may repair this
             if not locked:
                 raise _NeedsLock
             self._recover()
             return
-        self._segments = self._closed_segments(bases)
-        self._open_active(state.active_segment, recovering=False, locked=locked)
+        closed = self._closed_segments(bases, state, locked=locked)
+        active, fd, _ = self._open_active(state, recovering=False, locked=locked)
+        self._install(state, raw, closed, active, fd)
 
     def _refresh_unlocked(self) -> None:
         try:

@@ -408,3 +408,51 @@ def test_damaged_index_of_a_segment_another_handle_rolled_to(tmp_path: Path) -> 
         assert b.append(b"z") == 31
         assert [r.value for r in b.read()][-2:] == [b"y" * 60, b"z"]
         assert [r.value for r in a.read(30)] == [b"y" * 60, b"z"]
+
+
+def test_index_entries_past_what_a_reader_saw_are_not_damage(tmp_path: Path) -> None:
+    """A reader measures the file, then loads the index; a writer may add entries in
+    between. Those are left for the next refresh, not treated as an inconsistent file."""
+    from disklesslog.segments.index import OFFSET_ENTRY, SparseIndex
+
+    path = tmp_path / "x.index"
+    path.write_bytes(b"".join(OFFSET_ENTRY.pack(k, v) for k, v in [(1, 100), (5, 900)]))
+    index = SparseIndex(path, OFFSET_ENTRY)
+    assert index.load(max_key=10, max_value=500, strict=False)
+    assert list(index.keys) == [1]
+    assert not index.load(max_key=10, max_value=500)  # strict: a closed segment's index
+    assert index.load(max_key=10, max_value=500, strict=False)
+    assert index.refresh(max_key=10, max_value=1000)
+    assert list(index.keys) == [1, 5]
+
+
+def test_a_failed_reload_leaves_the_view_intact(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Catching up with another handle's roll fails once (say an I/O error): the next
+    call catches up properly instead of working on a half-switched view."""
+    with (
+        disklesslog.open(tmp_path, fsync="never") as first,
+        disklesslog.open(tmp_path, fsync="never") as second,
+    ):
+        a = first.create_stream("s", segment_bytes=1024)
+        b = second.stream("s")
+        a.append(b"x")
+        assert b.end_offset == 1
+        for _ in range(30):
+            a.append(b"y" * 60)  # rolls: b must reload
+        real = store_module.StreamStore._open_active
+        calls = {"n": 0}
+
+        def flaky(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+            calls["n"] += 1
+            if calls["n"] == 1:
+                raise OSError(errno.EIO, "transient I/O error")
+            return real(self, *args, **kwargs)
+
+        monkeypatch.setattr(store_module.StreamStore, "_open_active", flaky)
+        with pytest.raises(OSError, match="transient"):
+            b.end_offset  # noqa: B018
+        assert b.end_offset == 31
+        assert b.append(b"z") == 31
+        assert [r.value for r in a.read(29)] == [b"y" * 60, b"y" * 60, b"z"]
