@@ -524,18 +524,28 @@ def encode_record(
     Same checks and same bytes as ``encode_batch([value], ...)``.
     """
     _check_limits(max_record_bytes, max_batch_bytes)
-    normalized, _, timestamp = check_record(
-        value, key, headers, timestamp, max_record_bytes=max_record_bytes
-    )
-    body = _pack(
-        [
-            None,
-            None,
-            None if key is None else (key,),
-            (value,),
-            None if normalized is None else (normalized,),
-        ]
-    )
+    if key is None and headers is None and timestamp is None and type(value) is bytes:
+        # The common case, without check_record's general path.
+        if len(value) > max_record_bytes:
+            raise RecordTooLarge(
+                f"record is {len(value)} bytes (key + value + headers), over "
+                f"max_record_bytes={max_record_bytes}"
+            )
+        timestamp = time.time_ns() // 1_000_000
+        body = _pack([None, None, None, (value,), None])
+    else:
+        normalized, _, timestamp = check_record(
+            value, key, headers, timestamp, max_record_bytes=max_record_bytes
+        )
+        body = _pack(
+            [
+                None,
+                None,
+                None if key is None else (key,),
+                (value,),
+                None if normalized is None else (normalized,),
+            ]
+        )
     return _seal(body, 1, 0, timestamp, timestamp, compression, max_batch_bytes, -1, -1, -1)
 
 

@@ -439,15 +439,13 @@ class StreamStore:
             try:
                 self._refresh(locked=True)
                 if len(batches) == 1:
-                    bases = self._write_group(batches, ENTRY_PREFIX_SIZE + batches[0].size)
+                    bases = [self._write_one(batches[0])]
                 else:
                     total = sum(ENTRY_PREFIX_SIZE + batch.size for batch in batches)
                     if total <= self.config.segment_bytes:
                         bases = self._write_group(batches, total)
                     else:  # too big for one segment: batch by batch, each atomic
-                        bases = [
-                            self._write_group([b], ENTRY_PREFIX_SIZE + b.size)[0] for b in batches
-                        ]
+                        bases = [self._write_one(batch) for batch in batches]
                 if self._fsync == "always":
                     _FDATASYNC(self._active_fd)
                     self._write_state(self._recovered())
@@ -457,34 +455,36 @@ class StreamStore:
             finally:
                 fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
 
-    def _write_group(self, batches: list[EncodedBatch], total: int) -> list[int]:
-        """Write ``batches`` (``total`` bytes with prefixes) at the end of the active
-        segment, rolling first if they would not fit; all or nothing."""
+    def _make_room(self, total: int, max_timestamp: int) -> Segment:
+        """The active segment, after rolling it if ``total`` more bytes would not fit.
+
+        Kafka's rule: roll when the segment would outgrow segment_bytes, or when the new
+        records are segment_ms newer than the segment's first batch.
+        """
         active = self._segments[-1]
-        # Kafka's rule: roll when the segment would outgrow segment_bytes, or when the
-        # new records are segment_ms newer than the segment's first batch.
         if active.size and (
             active.size + total > self.config.segment_bytes
-            or batches[-1].max_timestamp - active.first_timestamp > self.config.segment_ms
+            or max_timestamp - active.first_timestamp > self.config.segment_ms
         ):
             self._roll()
             active = self._segments[-1]
-        start = active.size
-        base = active.end_offset
-        if len(batches) == 1:
-            batch = batches[0]
-            try:
-                written = os.writev(
-                    self._active_fd, (ENTRY_PREFIX.pack(base), batch.header, batch.body)
-                )
-            except BaseException:
-                os.ftruncate(self._active_fd, start)
-                raise
-            if written != total:
-                os.ftruncate(self._active_fd, start)
-                raise OSError(f"short write to {active.log_path}: {written} of {total} bytes")
-            active.note_entry(start, base, batch.last_offset_delta + 1, batch.max_timestamp, total)
-            return [base]
+        return active
+
+    def _write_one(self, batch: EncodedBatch) -> int:
+        """Write one batch at the end of the active segment; its base offset."""
+        header, body = batch.header, batch.body
+        total = ENTRY_PREFIX_SIZE + len(header) + len(body)
+        active = self._make_room(total, batch.max_timestamp)
+        start, base = active.size, active.end_offset
+        self._write_all(active, [ENTRY_PREFIX.pack(base), header, body], total, start)
+        active.note_entry(start, base, batch.last_offset_delta + 1, batch.max_timestamp, total)
+        return base
+
+    def _write_group(self, batches: list[EncodedBatch], total: int) -> list[int]:
+        """Write ``batches`` (``total`` bytes with prefixes) into one segment with one
+        ``writev``: all or nothing."""
+        active = self._make_room(total, batches[-1].max_timestamp)
+        start, base = active.size, active.end_offset
         bases = []
         parts: list[bytes | memoryview] = []
         for batch in batches:
