@@ -11,20 +11,27 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from . import objects as _objects  # noqa: F401 - registers the object-storage backend
 from . import segments as _segments  # noqa: F401 - registers the local backend
 from .api import AbstractLog, Stream, StreamInfo, validate_stream_name
 from .config import StreamConfig
+from .consumer import Consumer
 from .errors import (
     ConfigError,
     CorruptDataError,
+    DataLossError,
     DisklessLogError,
     IncompleteBatchError,
     InvalidRecordError,
     InvalidStreamName,
     InvalidURL,
     LogClosedError,
+    MissingDependencyError,
     OffsetOutOfRange,
+    OutOfOrderSequence,
+    ProducerFenced,
     RecordTooLarge,
+    SequencerError,
     StreamExistsError,
     StreamNotFound,
 )
@@ -40,7 +47,9 @@ Log = AbstractLog
 __all__ = [
     "AbstractLog",
     "ConfigError",
+    "Consumer",
     "CorruptDataError",
+    "DataLossError",
     "DisklessLogError",
     "IncompleteBatchError",
     "InvalidRecordError",
@@ -48,10 +57,14 @@ __all__ = [
     "InvalidURL",
     "Log",
     "LogClosedError",
+    "MissingDependencyError",
     "OffsetOutOfRange",
+    "OutOfOrderSequence",
+    "ProducerFenced",
     "Record",
     "RecordBatch",
     "RecordTooLarge",
+    "SequencerError",
     "Stream",
     "StreamConfig",
     "StreamExistsError",

@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import chain
 from types import TracebackType
@@ -28,9 +28,17 @@ from .errors import (
 from .records import Record, RecordBatch
 
 if TYPE_CHECKING:
+    from .consumer import Consumer
     from .writer import Writer
 
-__all__ = ["AbstractLog", "Stream", "StreamInfo", "check_offset", "validate_stream_name"]
+__all__ = [
+    "AbstractLog",
+    "Stream",
+    "StreamInfo",
+    "check_offset",
+    "validate_group_name",
+    "validate_stream_name",
+]
 
 _NAME = re.compile(r"[A-Za-z0-9._-]{1,249}")
 
@@ -50,6 +58,15 @@ def validate_stream_name(name: object) -> str:
             "'.', '_' and '-' (not '.' or '..')"
         )
     return name
+
+
+def validate_group_name(name: object) -> str:
+    """Return ``name`` if it is a valid consumer-group name (the stream-name rule), else
+    raise :class:`InvalidStreamName`."""
+    try:
+        return validate_stream_name(name)
+    except InvalidStreamName as exc:
+        raise InvalidStreamName(str(exc).replace("stream name", "consumer group name")) from None
 
 
 def check_offset(value: object, what: str) -> int:
@@ -298,6 +315,48 @@ class AbstractLog(ABC):
     ) -> Writer:
         """A buffering writer: ``append(stream, ...)`` returns a future; batches flush after
         ``linger_ms`` or once ``max_buffer_bytes`` are buffered."""
+
+    # ------------------------------------------------------- consumer groups
+
+    @abstractmethod
+    def commit_offsets(self, group: str, offsets: Mapping[str, int]) -> None:
+        """Store consumer group ``group``'s positions: for each stream, the next offset
+        to read (Kafka's convention). Merged with the group's other streams."""
+
+    @abstractmethod
+    def committed_offsets(self, group: str) -> dict[str, int]:
+        """The positions ``group`` committed, by stream ({} for a new group)."""
+
+    def consumer(
+        self,
+        group: str,
+        streams: Iterable[str],
+        *,
+        reset: str = "earliest",
+        auto_commit_interval_ms: float | None = 5000,
+        poll_interval: float = 0.1,
+        idle_timeout: float | None = None,
+    ) -> Consumer:
+        """An iterator over the records of several streams that resumes where ``group``
+        committed. See :class:`disklesslog.consumer.Consumer`."""
+        from .consumer import Consumer  # noqa: PLC0415 - consumer.py builds on this module
+
+        return Consumer(
+            self,
+            group,
+            streams,
+            reset=reset,
+            auto_commit_interval_ms=auto_commit_interval_ms,
+            poll_interval=poll_interval,
+            idle_timeout=idle_timeout,
+        )
+
+    # ---------------------------------------------------------------- metrics
+
+    @abstractmethod
+    def metrics(self) -> dict[str, float]:
+        """Counters and latency percentiles of this log since it was opened: what the
+        store costs (writes, reads, bytes, cache hits, commits...)."""
 
     @abstractmethod
     def close(self) -> None:

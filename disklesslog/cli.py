@@ -28,6 +28,7 @@ from typing import Any, BinaryIO, Literal
 
 from . import __version__
 from . import open as open_log
+from .api import AbstractLog as Log
 from .api import Stream, StreamInfo
 from .config import StreamConfig
 from .errors import CorruptDataError, DisklessLogError, StreamNotFound
@@ -96,6 +97,54 @@ def _key_separator(text: str) -> bytes:
     return os.fsencode(text)
 
 
+def _storage_option(text: str) -> tuple[str, Any]:
+    """argparse type: ``KEY=VALUE``; VALUE is JSON when it parses (numbers, true,
+    objects), else a string."""
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, not {text!r}")
+    try:
+        return key, json.loads(value)
+    except ValueError:
+        return key, value
+
+
+def _log_options() -> argparse.ArgumentParser:
+    """Options every command takes to reach a log on object storage."""
+    options = argparse.ArgumentParser(add_help=False)
+    group = options.add_argument_group("object storage")
+    group.add_argument(
+        "--backend",
+        choices=("segments", "objects"),
+        help="force a backend (a path or file:// URL opens segments unless 'objects')",
+    )
+    group.add_argument(
+        "--sequencer", metavar="URL", help="the log's sequencer, e.g. sqlite:///path/meta.db"
+    )
+    group.add_argument(
+        "--storage-option",
+        metavar="KEY=VALUE",
+        type=_storage_option,
+        action="append",
+        default=[],
+        help="an fsspec storage option (repeatable), e.g. anon=true or "
+        'client_kwargs={"endpoint_url": "http://127.0.0.1:9000"}',
+    )
+    return options
+
+
+def _open_log(args: argparse.Namespace, *, create: bool) -> Log:
+    """Open the log a command names, with the connection options it was given."""
+    options: dict[str, Any] = {"create": create}
+    if args.backend is not None:
+        options["backend"] = args.backend
+    if args.sequencer is not None:
+        options["sequencer"] = args.sequencer
+    if args.storage_option:
+        options["storage_options"] = dict(args.storage_option)
+    return open_log(args.url, **options)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser (public so docs and tests can render the help)."""
     parser = argparse.ArgumentParser(
@@ -105,30 +154,38 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    log_options = _log_options()
 
-    streams = commands.add_parser("streams", help="list the streams of a log, one per line")
+    streams = commands.add_parser(
+        "streams", parents=[log_options], help="list the streams of a log, one per line"
+    )
     streams.add_argument("url", metavar="URL")
     streams.set_defaults(handler=_cmd_streams)
 
-    describe = commands.add_parser("describe", help="show a stream's extent, config, segments")
+    describe = commands.add_parser(
+        "describe", parents=[log_options], help="show a stream's extent, config, segments"
+    )
     describe.add_argument("url", metavar="URL")
     describe.add_argument("stream", metavar="STREAM")
     describe.add_argument("--json", action="store_true", help="print one JSON object")
     describe.set_defaults(handler=_cmd_describe)
 
-    _add_produce(commands)
-    _add_consume(commands)
+    _add_produce(commands, log_options)
+    _add_consume(commands, log_options)
 
-    verify = commands.add_parser("verify", help="checksum every batch; exit 1 on corruption")
+    verify = commands.add_parser(
+        "verify", parents=[log_options], help="checksum every batch; exit 1 on corruption"
+    )
     verify.add_argument("url", metavar="URL")
     verify.add_argument("--stream", metavar="S", help="check only this stream")
     verify.set_defaults(handler=_cmd_verify)
     return parser
 
 
-def _add_produce(commands: Any) -> None:
+def _add_produce(commands: Any, log_options: argparse.ArgumentParser) -> None:
     produce = commands.add_parser(
         "produce",
+        parents=[log_options],
         help="append one record per stdin line",
         description="Append one record per line of standard input (bytes as read; only "
         "the trailing newline is removed), in atomic chunks. Creates the log and stream "
@@ -153,9 +210,10 @@ def _add_produce(commands: Any) -> None:
     produce.set_defaults(handler=_cmd_produce, interrupted=EXIT_INTERRUPTED)
 
 
-def _add_consume(commands: Any) -> None:
+def _add_consume(commands: Any, log_options: argparse.ArgumentParser) -> None:
     consume = commands.add_parser(
         "consume",
+        parents=[log_options],
         help="print records",
         description="Print records from --from (default: the start offset) up to --to "
         "(exclusive; default: the end offset, or forever with --follow). Ctrl-C, SIGTERM "
@@ -262,7 +320,7 @@ def _silence_stdout() -> None:
 
 
 def _cmd_streams(args: argparse.Namespace) -> int:
-    with open_log(args.url, create=False) as log:
+    with _open_log(args, create=False) as log:
         names = log.streams()
     for name in names:
         print(name)
@@ -270,7 +328,7 @@ def _cmd_streams(args: argparse.Namespace) -> int:
 
 
 def _cmd_describe(args: argparse.Namespace) -> int:
-    with open_log(args.url, create=False) as log:
+    with _open_log(args, create=False) as log:
         info = log.stream(args.stream).info()
     if args.json:
         print(json.dumps(describe_dict(info), indent=2, default=str))
@@ -302,7 +360,8 @@ def describe_lines(info: StreamInfo) -> list[str]:
     lines += [f"{key + ':':<13} {value}" for key, value in facts["details"].items()]
     lines.append("config:")
     lines += [f"  {key:<22} {value}" for key, value in facts["config"].items()]
-    lines.append(f"segments:     {len(facts['segments'])}")
+    if "segments" in info.details:  # the local backend
+        lines.append(f"segments:     {len(facts['segments'])}")
     if facts["segments"]:
         lines += _table(
             ["base offset", "end offset", "bytes", "file"],
@@ -359,7 +418,7 @@ class _Produced:
 
 
 def _cmd_produce(args: argparse.Namespace) -> int:
-    with open_log(args.url, create=True) as log:
+    with _open_log(args, create=True) as log:
         stream = log.stream(args.stream)
         produced = _Produced()
         try:
@@ -447,7 +506,7 @@ def _append_chunk(stream: Stream, chunk: _Chunk, keyed: bool, out: _Produced) ->
 def _cmd_consume(args: argparse.Namespace) -> int:
     encode = json_line if args.format == "json" else raw_line
     out: BinaryIO = sys.stdout.buffer
-    with open_log(args.url, create=False) as log:
+    with _open_log(args, create=False) as log:
         stream = log.stream(args.stream)
         if args.follow:
             with _sigterm_as_interrupt():
@@ -571,7 +630,7 @@ class _Checked:
 
 def _cmd_verify(args: argparse.Namespace) -> int:
     checked = _Checked()
-    with open_log(args.url, create=False) as log:
+    with _open_log(args, create=False) as log:
         names = [args.stream] if args.stream is not None else log.streams()
         for name in names:
             _verify_stream(log.stream(name), checked)

@@ -11,14 +11,19 @@ from __future__ import annotations
 __all__ = [
     "ConfigError",
     "CorruptDataError",
+    "DataLossError",
     "DisklessLogError",
     "IncompleteBatchError",
     "InvalidRecordError",
     "InvalidStreamName",
     "InvalidURL",
     "LogClosedError",
+    "MissingDependencyError",
     "OffsetOutOfRange",
+    "OutOfOrderSequence",
+    "ProducerFenced",
     "RecordTooLarge",
+    "SequencerError",
     "StreamExistsError",
     "StreamNotFound",
 ]
@@ -34,6 +39,11 @@ class ConfigError(DisklessLogError, ValueError):
 
 class InvalidURL(ConfigError):
     """A log URL cannot be opened: unknown scheme, malformed, or not a log."""
+
+
+class MissingDependencyError(DisklessLogError, ImportError):
+    """An optional dependency is not installed; the message names the extra to install,
+    e.g. ``pip install 'disklesslog[s3]'``."""
 
 
 class InvalidStreamName(DisklessLogError, ValueError):
@@ -110,3 +120,23 @@ class IncompleteBatchError(CorruptDataError):
 
 class LogClosedError(DisklessLogError):
     """The log, stream or writer was used after ``close()``."""
+
+
+class DataLossError(CorruptDataError):
+    """Data the sequencer says exists cannot be found: an object was deleted underneath
+    (by hand, or a garbage collector run with too short a grace period)."""
+
+
+class SequencerError(DisklessLogError):
+    """The sequencer refused or could not complete an operation; nothing was applied."""
+
+
+class ProducerFenced(SequencerError):
+    """A newer instance of this named producer was initialised elsewhere (its epoch is
+    higher): this writer is a zombie and may not commit. Create a new writer."""
+
+
+class OutOfOrderSequence(SequencerError):
+    """A producer's batch skipped or repeated sequence numbers in a way that is neither
+    the next batch nor an exact retry of one of its last five: records would be lost
+    or duplicated, so the whole commit was refused."""

@@ -44,6 +44,7 @@ __all__ = [
     "MAGIC",
     "BatchHeader",
     "EncodedBatch",
+    "PreparedBatch",
     "batch_size",
     "check_batch",
     "check_record",
@@ -55,6 +56,8 @@ __all__ = [
     "encode_record",
     "now_ms",
     "peek_header",
+    "prepare_batch",
+    "restamp",
 ]
 
 MAGIC = 1
@@ -350,6 +353,74 @@ def encode_batch(
     :class:`RecordTooLarge` for a record over ``max_record_bytes`` or a batch over
     ``max_batch_bytes``, in both cases before encoding anything.
     """
+    return prepare_batch(
+        values,
+        keys,
+        headers,
+        timestamps,
+        max_record_bytes=max_record_bytes,
+        max_batch_bytes=max_batch_bytes,
+        offset_deltas=offset_deltas,
+        last_offset_delta=last_offset_delta,
+    ).encode(
+        compression=compression,
+        producer_id=producer_id,
+        producer_epoch=producer_epoch,
+        base_sequence=base_sequence,
+    )
+
+
+class PreparedBatch(NamedTuple):
+    """A validated batch, not yet encoded: its body columns and header facts.
+
+    Validation (types, limits) happens when a batch is prepared, at the caller's
+    ``append``; encoding can wait until the producer fields are known, which for an
+    idempotent writer is when it flushes.
+    """
+
+    columns: list[Any]
+    record_count: int
+    last_offset_delta: int
+    base_timestamp: int
+    max_timestamp: int
+    max_batch_bytes: int
+
+    def encode(
+        self,
+        *,
+        compression: str | int = COMPRESSION_NONE,
+        producer_id: int = -1,
+        producer_epoch: int = -1,
+        base_sequence: int = -1,
+    ) -> EncodedBatch:
+        """Pack and seal the batch with these producer fields."""
+        _check_producer(producer_id, producer_epoch, base_sequence)
+        return _seal(
+            _pack(self.columns),
+            self.record_count,
+            self.last_offset_delta,
+            self.base_timestamp,
+            self.max_timestamp,
+            compression,
+            self.max_batch_bytes,
+            producer_id,
+            producer_epoch,
+            base_sequence,
+        )
+
+
+def prepare_batch(
+    values: Iterable[bytes | None],
+    keys: Iterable[bytes | None] | None = None,
+    headers: Iterable[Any] | None = None,
+    timestamps: int | Sequence[int] | None = None,
+    *,
+    max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES,
+    max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES,
+    offset_deltas: Sequence[int] | None = None,
+    last_offset_delta: int | None = None,
+) -> PreparedBatch:
+    """Validate records (as columns, see :func:`encode_batch`) into a :class:`PreparedBatch`."""
     columns, count, last, base_ts, max_ts = _prepare_batch(
         values,
         keys,
@@ -357,24 +428,10 @@ def encode_batch(
         timestamps,
         max_record_bytes,
         max_batch_bytes,
-        producer_id,
-        producer_epoch,
-        base_sequence,
         offset_deltas,
         last_offset_delta,
     )
-    return _seal(
-        _pack(columns),
-        count,
-        last,
-        base_ts,
-        max_ts,
-        compression,
-        max_batch_bytes,
-        producer_id,
-        producer_epoch,
-        base_sequence,
-    )
+    return PreparedBatch(columns, count, last, base_ts, max_ts, max_batch_bytes)
 
 
 @contextlib.contextmanager
@@ -394,17 +451,7 @@ def encode_batch_borrowed(
     ``with`` block (then released): this saves allocating and copying every batch.
     """
     columns, count, last, base_ts, max_ts = _prepare_batch(
-        values,
-        keys,
-        headers,
-        timestamps,
-        max_record_bytes,
-        max_batch_bytes,
-        -1,
-        -1,
-        -1,
-        None,
-        None,
+        values, keys, headers, timestamps, max_record_bytes, max_batch_bytes, None, None
     )
     packer = getattr(_local, "view_packer", None)
     if packer is None or getattr(_local, "view_in_use", False):
@@ -434,9 +481,6 @@ def _prepare_batch(
     timestamps: int | Sequence[int] | None,
     max_record_bytes: int,
     max_batch_bytes: int,
-    producer_id: int,
-    producer_epoch: int,
-    base_sequence: int,
     offset_deltas: Iterable[int] | None,
     last_offset_delta: int | None,
 ) -> tuple[list[Any], int, int, int, int]:
@@ -451,7 +495,6 @@ def _prepare_batch(
     keys_seq = _as_sequence(keys, "keys")
     headers_seq = _as_sequence(headers, "headers")
     _check_limits(max_record_bytes, max_batch_bytes)
-    _check_producer(producer_id, producer_epoch, base_sequence)
 
     value_nones = _check_binary_column(values_seq, "value")
     key_nones = False
@@ -507,6 +550,23 @@ def _prepare_batch(
         base_ts,
         max_ts,
     )
+
+
+def restamp(
+    batch: EncodedBatch, *, producer_id: int, producer_epoch: int, base_sequence: int
+) -> EncodedBatch:
+    """The same batch with other producer fields: a new header (and CRC), the same body.
+
+    For a writer that must renumber batches it already encoded (its stream was deleted
+    and created again, so the sequence starts over at 0).
+    """
+    _check_producer(producer_id, producer_epoch, base_sequence)
+    length, magic, _ = PREFIX.unpack_from(batch.header)
+    fields = TAIL.unpack_from(batch.header, PREFIX_SIZE)
+    tail = TAIL.pack(*fields[:5], producer_id, producer_epoch, base_sequence, fields[8])
+    crc = _crc32c.crc32c(batch.body, _crc32c.crc32c(tail))
+    header = PREFIX.pack(length, magic, crc) + tail
+    return batch._replace(header=header)
 
 
 def encode_record(

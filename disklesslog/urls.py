@@ -24,13 +24,23 @@ local URLs and the URL itself otherwise."""
 
 _FACTORIES: dict[str, BackendFactory] = {}
 _SCHEMES: dict[str, str] = {}
+_FALLBACKS: list[tuple[Callable[[str], bool], str]] = []
 
 
-def register_backend(name: str, factory: BackendFactory, *, schemes: tuple[str, ...] = ()) -> None:
-    """Register ``factory`` as backend ``name``, the default for ``schemes``."""
+def register_backend(
+    name: str,
+    factory: BackendFactory,
+    *,
+    schemes: tuple[str, ...] = (),
+    fallback: Callable[[str], bool] | None = None,
+) -> None:
+    """Register ``factory`` as backend ``name``, the default for ``schemes`` and for any
+    other scheme ``fallback`` accepts (e.g. every protocol fsspec knows)."""
     _FACTORIES[name] = factory
     for scheme in schemes:
         _SCHEMES[scheme] = name
+    if fallback is not None:
+        _FALLBACKS.append((fallback, name))
 
 
 def backends() -> dict[str, str]:
@@ -67,6 +77,8 @@ def open_log(
         raise InvalidURL(f"a log URL must be a non-empty str or path, not {url!r}")
     scheme, location = split_url(url)
     name = backend if backend is not None else _SCHEMES.get(scheme)
+    if name is None:
+        name = next((n for accepts, n in _FALLBACKS if accepts(scheme)), None)
     if name is None:
         known = ", ".join(f"{s}://" for s in sorted(_SCHEMES)) or "none"
         raise InvalidURL(

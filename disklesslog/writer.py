@@ -1,10 +1,11 @@
 """The buffering :class:`Writer`: appends to many streams, flushed as batches in the background.
 
-The machinery is shared by both backends: per-stream column buffers, a linger timer,
-a byte bound with back-pressure, one flusher thread, and futures resolved with offsets.
-A backend supplies only :meth:`Writer._write`, which stores one flush: the local
-backend appends each stream's batches to its segments; the object backend writes one
-object and makes one sequencer commit.
+The machinery is shared by both backends: per-stream buffers, a linger timer, a byte
+bound with back-pressure, one flusher thread, and futures resolved with offsets. A
+backend supplies :meth:`Writer._write`, which stores one flush: the local backend
+appends each stream's batches to its segments; the object backend writes one object
+and makes one sequencer commit. Backends that number their batches (idempotent
+producers) also supply :meth:`Writer._producer_fields` and the flush hooks.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 import threading
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from concurrent.futures import Future
 from concurrent.futures._base import PENDING as _PENDING
 from dataclasses import dataclass, field
@@ -22,7 +23,7 @@ from typing import Any
 from .api import validate_stream_name
 from .config import StreamConfig
 from .errors import ConfigError, DisklessLogError, LogClosedError
-from .format import HEADER_SIZE, EncodedBatch, check_record, encode_batch
+from .format import HEADER_SIZE, EncodedBatch, PreparedBatch, check_record, prepare_batch
 
 __all__ = ["Writer"]
 
@@ -67,8 +68,8 @@ _MAX_KEPT_ERRORS = 100  # errors remembered for flush()/close() between two call
 
 
 @dataclass
-class _Pending:
-    """Records buffered for one stream, as columns, plus the futures to resolve."""
+class _Loose:
+    """Single records buffered for one stream, as columns: they become one batch."""
 
     values: list[Any] = field(default_factory=list)
     keys: list[Any] = field(default_factory=list)
@@ -78,12 +79,44 @@ class _Pending:
     condition: threading.Condition = field(default_factory=threading.Condition)
     size: int = 0
 
+    @property
+    def record_count(self) -> int:
+        return len(self.values)
+
+
+@dataclass
+class _Whole:
+    """One ``append_batch`` call: a validated batch that is never split or merged."""
+
+    prepared: PreparedBatch
+    future: Future[list[int]]
+    size: int
+
+    @property
+    def record_count(self) -> int:
+        return self.prepared.record_count
+
+
+_Part = _Loose | _Whole
+
 
 @dataclass
 class _StreamBuffer:
     config: StreamConfig
-    sealed: list[_Pending] = field(default_factory=list)
-    current: _Pending = field(default_factory=_Pending)
+    parts: list[_Part] = field(default_factory=list)
+
+    def open_part(self, size: int) -> _Loose:
+        """The loose part a record of ``size`` bytes joins (a new one if the last part is
+        a whole batch or would outgrow ``max_batch_bytes``)."""
+        last = self.parts[-1] if self.parts else None
+        if (
+            isinstance(last, _Loose)
+            and last.size + size <= self.config.max_batch_bytes - _BATCH_MARGIN
+        ):
+            return last
+        part = _Loose()
+        self.parts.append(part)
+        return part
 
 
 class Writer(ABC):
@@ -91,9 +124,10 @@ class Writer(ABC):
 
     ``append`` validates the record at once (typed errors raise at the call site) and
     returns a :class:`concurrent.futures.Future` that resolves to the record's offset
-    when its batch is durable. A flush happens ``linger_ms`` after the first buffered
+    when its batch is durable; ``append_batch`` does the same for a group of records
+    that stays one batch. A flush happens ``linger_ms`` after the first buffered
     record, when ``max_buffer_bytes`` are buffered, or on :meth:`flush`/:meth:`close`.
-    While twice ``max_buffer_bytes`` wait to be written, ``append`` blocks (bounded memory).
+    While twice ``max_buffer_bytes`` wait to be written, appends block (bounded memory).
     Records of one stream keep their append order. Thread-safe; a context manager.
     """
 
@@ -133,6 +167,17 @@ class Writer(ABC):
         """Store one flush; return per stream the base offset of each batch, or the error
         that kept that stream's batches from being stored."""
 
+    def _producer_fields(self, stream: str, record_count: int) -> tuple[int, int, int]:
+        """``(producer_id, producer_epoch, base_sequence)`` for the next batch of ``stream``
+        (called in flush order, from the flusher thread). Default: no producer."""
+        return -1, -1, -1
+
+    def _flush_started(self) -> None:  # noqa: B027 - an optional hook
+        """Called by the flusher before it encodes a flush."""
+
+    def _flush_finished(self, stored: set[str]) -> None:  # noqa: B027 - an optional hook
+        """Called after a flush with the streams whose batches were stored."""
+
     # ----------------------------------------------------------------- public
 
     def append(
@@ -144,39 +189,52 @@ class Writer(ABC):
         timestamp: int | None = None,
     ) -> Future[int]:
         """Buffer one record for ``stream``; the future resolves to its offset."""
-        config = self._configs.get(stream) if type(stream) is str else None
-        if config is None:  # first record for this stream: check the name once
-            config = self._configs[stream] = self._config_for(validate_stream_name(stream))
+        config = self._stream_config(stream)
         normalized, size, timestamp = check_record(
             value, key, headers, timestamp, max_record_bytes=config.max_record_bytes
         )
         size += _RECORD_OVERHEAD
         with self._lock:
-            if self._closed:
-                raise LogClosedError("the writer is closed")
-            while self._buffered_bytes >= 2 * self._max_buffer_bytes and not self._closed:
-                self._cond.wait()
-            buffer = self._buffers.get(stream)
-            if buffer is None:
-                buffer = self._buffers[stream] = _StreamBuffer(config)
-            pending = buffer.current
-            if pending.values and pending.size + size > config.max_batch_bytes - _BATCH_MARGIN:
-                buffer.sealed.append(pending)
-                pending = buffer.current = _Pending()
-            pending.values.append(value)
-            pending.keys.append(key)
-            pending.headers.append(normalized)
-            pending.timestamps.append(timestamp)
-            future = _new_future(pending.condition)
-            pending.futures.append(future)
-            pending.size += size
-            self._buffered_bytes += size
+            buffer = self._admit(stream, config, size)
+            part = buffer.open_part(size)
+            part.values.append(value)
+            part.keys.append(key)
+            part.headers.append(normalized)
+            part.timestamps.append(timestamp)
+            future = _new_future(part.condition)
+            part.futures.append(future)
+            part.size += size
             self._accepted += 1
-            if self._oldest is None:
-                self._oldest = time.monotonic()
-                self._cond.notify_all()
-            elif self._buffered_bytes >= self._max_buffer_bytes:
-                self._cond.notify_all()
+            self._wake()
+        return future
+
+    def append_batch(
+        self,
+        stream: str,
+        values: Iterable[bytes | None],
+        *,
+        keys: Iterable[bytes | None] | None = None,
+        headers: Iterable[Any] | None = None,
+        timestamps: int | Sequence[int] | None = None,
+    ) -> Future[list[int]]:
+        """Buffer records (as columns, like ``Stream.append_batch``) that are written as
+        one batch, all or none; the future resolves to their offsets."""
+        config = self._stream_config(stream)
+        prepared = prepare_batch(
+            list(values),
+            None if keys is None else list(keys),
+            None if headers is None else list(headers),
+            timestamps if timestamps is None or isinstance(timestamps, int) else list(timestamps),
+            max_record_bytes=config.max_record_bytes,
+            max_batch_bytes=config.max_batch_bytes,
+        )
+        future: Future[list[int]] = Future()
+        size = sum(len(v) for v in prepared.columns[3] if v) + prepared.record_count * 8
+        with self._lock:
+            buffer = self._admit(stream, config, size)
+            buffer.parts.append(_Whole(prepared, future, size))
+            self._accepted += 1
+            self._wake()
         return future
 
     def flush(self) -> None:
@@ -226,6 +284,36 @@ class Writer(ABC):
     ) -> None:
         self.close()
 
+    # ------------------------------------------------------------ buffering
+
+    def _stream_config(self, stream: str) -> StreamConfig:
+        config = self._configs.get(stream) if type(stream) is str else None
+        if config is None:  # first record for this stream: check the name once
+            config = self._configs[stream] = self._config_for(validate_stream_name(stream))
+        return config
+
+    def _admit(self, stream: str, config: StreamConfig, size: int) -> _StreamBuffer:
+        """Wait for room (back-pressure) and account for ``size`` bytes (lock held)."""
+        if self._closed:
+            raise LogClosedError("the writer is closed")
+        while self._buffered_bytes >= 2 * self._max_buffer_bytes and not self._closed:
+            self._cond.wait()
+        if self._closed:
+            raise LogClosedError("the writer is closed")
+        buffer = self._buffers.get(stream)
+        if buffer is None:
+            buffer = self._buffers[stream] = _StreamBuffer(config)
+        self._buffered_bytes += size
+        return buffer
+
+    def _wake(self) -> None:
+        """Start the linger clock on the first buffered record, or flush when full."""
+        if self._oldest is None:
+            self._oldest = time.monotonic()
+            self._cond.notify_all()
+        elif self._buffered_bytes >= self._max_buffer_bytes:
+            self._cond.notify_all()
+
     # --------------------------------------------------------- flusher thread
 
     def _due(self) -> bool:
@@ -260,54 +348,75 @@ class Writer(ABC):
 
     def _flush(self, taken: dict[str, _StreamBuffer]) -> int:
         """Encode and write one flush; resolve its futures. Returns the bytes freed."""
+        self._flush_started()
         work: list[tuple[str, list[EncodedBatch]]] = []
-        pendings: list[list[_Pending]] = []
+        parts_of: list[list[_Part]] = []
         freed = 0
         for stream, buffer in taken.items():
-            parts = [*buffer.sealed, buffer.current] if buffer.current.values else buffer.sealed
+            parts = buffer.parts
             freed += sum(part.size for part in parts)
             try:
-                encoded = [self._encode(part, buffer.config) for part in parts]
+                encoded = [self._encode(stream, part, buffer.config) for part in parts]
             except Exception as exc:  # delivered through the futures
                 self._fail(parts, exc)
                 continue
             work.append((stream, encoded))
-            pendings.append(parts)
-        if not work:
-            return freed
-        try:
-            results = self._write(work)
-        except Exception as exc:  # delivered through the futures
-            results = [exc] * len(work)
-        for parts, result in zip(pendings, results):
-            if isinstance(result, BaseException):
-                self._fail(parts, result)
-                continue
-            for part, base in zip(parts, result):
-                with part.condition:  # resolve the batch at once (see _BatchFuture)
-                    for offset, future in enumerate(part.futures, base):
-                        future.set_result(offset)
+            parts_of.append(parts)
+        stored: set[str] = set()
+        if work:
+            try:
+                results = self._write(work)
+            except Exception as exc:  # delivered through the futures
+                results = [exc] * len(work)
+            for (stream, _), parts, result in zip(work, parts_of, results):
+                if isinstance(result, BaseException):
+                    self._fail(parts, result)
+                else:
+                    self._resolve(parts, result)
+                    stored.add(stream)
+        self._flush_finished(stored)
         return freed
 
-    @staticmethod
-    def _encode(part: _Pending, config: StreamConfig) -> EncodedBatch:
-        return encode_batch(
-            part.values,
-            keys=part.keys,
-            headers=part.headers,
-            timestamps=part.timestamps,
+    def _encode(self, stream: str, part: _Part, config: StreamConfig) -> EncodedBatch:
+        producer_id, epoch, sequence = self._producer_fields(stream, part.record_count)
+        if isinstance(part, _Whole):
+            prepared = part.prepared
+        else:
+            prepared = prepare_batch(
+                part.values,
+                keys=part.keys,
+                headers=part.headers,
+                timestamps=part.timestamps,
+                max_record_bytes=config.max_record_bytes,
+                max_batch_bytes=config.max_batch_bytes,
+            )
+        return prepared.encode(
             compression=config.compression_code,
-            max_record_bytes=config.max_record_bytes,
-            max_batch_bytes=config.max_batch_bytes,
+            producer_id=producer_id,
+            producer_epoch=epoch,
+            base_sequence=sequence,
         )
 
-    def _fail(self, parts: Sequence[_Pending], exc: BaseException) -> None:
+    @staticmethod
+    def _resolve(parts: Sequence[_Part], bases: list[int]) -> None:
+        for part, base in zip(parts, bases):
+            if isinstance(part, _Whole):
+                part.future.set_result(list(range(base, base + part.record_count)))
+                continue
+            with part.condition:  # resolve the batch at once (see _BatchFuture)
+                for offset, future in enumerate(part.futures, base):
+                    future.set_result(offset)
+
+    def _fail(self, parts: Sequence[_Part], exc: BaseException) -> None:
         if not isinstance(exc, DisklessLogError | OSError):
             exc = DisklessLogError(f"write failed: {exc!r}")
         with self._cond:
             if len(self._errors) < _MAX_KEPT_ERRORS:
                 self._errors.append(exc)
         for part in parts:
+            if isinstance(part, _Whole):
+                part.future.set_exception(exc)
+                continue
             with part.condition:
                 for future in part.futures:
                     future.set_exception(exc)

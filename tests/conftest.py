@@ -1,7 +1,10 @@
-"""Shared fixtures. ``log_factory`` runs conformance tests against every backend."""
+"""Shared fixtures. ``log_factory`` runs the conformance suites against every backend:
+local segments, and the object backend on ``memory://``, on ``file://`` with SQLite, and
+on S3 through a real moto server process (marked ``s3``)."""
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -11,6 +14,7 @@ import pytest
 
 import disklesslog
 from disklesslog import AbstractLog
+from disklesslog.testing import s3_storage_options
 
 
 @dataclass
@@ -18,28 +22,70 @@ class Backend:
     """How to open one kind of log for the conformance suites."""
 
     name: str
-    open: Callable[[Path, dict[str, Any]], AbstractLog]
-    multi_stream_atomic: bool = False  # does one writer flush commit all streams at once?
+    open: Callable[[Path, dict[str, Any], pytest.FixtureRequest], AbstractLog]
+    objects: bool = False  # the object-storage backend (one object + commit per flush)
 
 
-def _segments(path: Path, options: dict[str, Any]) -> AbstractLog:
+def _segments(path: Path, options: dict[str, Any], request: pytest.FixtureRequest) -> AbstractLog:
     options.setdefault("fsync", "never")
     return disklesslog.open(path / "log", **options)
 
 
-BACKENDS = [Backend("segments", _segments)]
+def _memory(path: Path, options: dict[str, Any], request: pytest.FixtureRequest) -> AbstractLog:
+    # One name per test (derived from its tmp_path), so reopening sees the same log and
+    # the memory sequencer registry shares its state, while tests stay apart.
+    return disklesslog.open(f"memory://conformance-{path.name}-{_token(path)}/log", **options)
+
+
+def _file_objects(
+    path: Path, options: dict[str, Any], request: pytest.FixtureRequest
+) -> AbstractLog:
+    return disklesslog.open(f"file://{path}/objects-log", backend="objects", **options)
+
+
+def _s3(path: Path, options: dict[str, Any], request: pytest.FixtureRequest) -> AbstractLog:
+    import s3fs
+
+    endpoint = request.getfixturevalue("s3_server")
+    storage_options = s3_storage_options(endpoint)
+    bucket = f"conformance-{_token(path)}"
+    fs = s3fs.S3FileSystem(**storage_options)
+    if not fs.exists(bucket):
+        fs.mkdir(bucket)
+    return disklesslog.open(
+        f"s3://{bucket}/log",
+        storage_options=storage_options,
+        sequencer=f"sqlite://{path}/meta.db",
+        **options,
+    )
+
+
+_TOKENS: dict[Path, str] = {}
+
+
+def _token(path: Path) -> str:
+    return _TOKENS.setdefault(path, uuid.uuid4().hex[:12])
+
+
+BACKENDS = [
+    pytest.param(Backend("segments", _segments), id="segments"),
+    pytest.param(Backend("memory", _memory, objects=True), id="memory"),
+    pytest.param(Backend("file-objects", _file_objects, objects=True), id="file-objects"),
+    pytest.param(Backend("s3", _s3, objects=True), id="s3", marks=pytest.mark.s3),
+]
 
 
 class LogFactory:
     """Opens (and reopens) one log location of one backend; closes them all at the end."""
 
-    def __init__(self, backend: Backend, path: Path) -> None:
+    def __init__(self, backend: Backend, path: Path, request: pytest.FixtureRequest) -> None:
         self.backend = backend
         self.path = path
+        self.request = request
         self.opened: list[AbstractLog] = []
 
     def __call__(self, **options: Any) -> AbstractLog:
-        log = self.backend.open(self.path, dict(options))
+        log = self.backend.open(self.path, dict(options), self.request)
         self.opened.append(log)
         return log
 
@@ -48,9 +94,9 @@ class LogFactory:
             log.close()
 
 
-@pytest.fixture(params=BACKENDS, ids=lambda b: b.name)
+@pytest.fixture(params=BACKENDS)
 def log_factory(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[LogFactory]:
-    factory = LogFactory(request.param, tmp_path)
+    factory = LogFactory(request.param, tmp_path, request)
     yield factory
     factory.close_all()
 

@@ -790,3 +790,53 @@ def test_verify_in_a_subprocess_shows_library_logs_as_logged_lines(tmp_path: Pat
     err = result.stderr.decode()
     assert "Traceback" not in err
     assert all(line.startswith("disklesslog: logged ") for line in err.splitlines())
+
+
+# -------------------------------------------------------------------- object storage
+
+
+def test_object_logs_through_the_cli(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    url = f"file://{tmp_path}/objects"
+    options = ["--backend", "objects", "--sequencer", f"sqlite://{tmp_path}/meta.db"]
+    feed(monkeypatch, b"k1:one\nk2:two\n")
+    assert main(["produce", url, "s", "--key-sep", ":", *options]) == 0
+    capsys.readouterr()
+    assert main(["consume", url, "s", *options]) == 0
+    assert [(r["key"], r["value"]) for r in json_lines(capsys.readouterr().out)] == [
+        ("k1", "one"),
+        ("k2", "two"),
+    ]
+    assert main(["describe", url, "s", "--json", *options]) == 0
+    described = json.loads(capsys.readouterr().out)
+    assert described["records"] == 2 and described["details"]["objects"] == 1
+    assert "segments" not in capsys.readouterr().out
+    assert main(["verify", url, *options]) == 0
+    assert "no corruption" in capsys.readouterr().out
+    assert main(["streams", url, *options]) == 0
+    assert capsys.readouterr().out.split() == ["s"]
+    assert main(["streams", url, "--backend", "objects", "--sequencer", "nosuch://x"]) == 1
+    assert_one_line_error(capsys.readouterr().err, "no sequencer")
+
+
+def test_storage_options_parse_json_values() -> None:
+    from disklesslog.cli import build_parser
+
+    args = build_parser().parse_args(
+        [
+            "streams",
+            "s3://b/log",
+            "--storage-option",
+            "anon=true",
+            "--storage-option",
+            'client_kwargs={"endpoint_url": "http://h:1"}',
+            "--storage-option",
+            "profile=dev",
+        ]
+    )
+    assert dict(args.storage_option) == {
+        "anon": True,
+        "client_kwargs": {"endpoint_url": "http://h:1"},
+        "profile": "dev",
+    }

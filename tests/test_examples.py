@@ -12,7 +12,7 @@ EXAMPLES = sorted((Path(__file__).resolve().parents[1] / "examples").glob("*.py"
 
 
 def test_there_are_examples() -> None:
-    assert {p.name for p in EXAMPLES} >= {"quickstart.py", "many_processes.py"}
+    assert {p.name for p in EXAMPLES} >= {"quickstart.py", "many_processes.py", "multi_writer.py"}
 
 
 @pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.name)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..api import AbstractLog
-from ..errors import InvalidURL
+from ..errors import ConfigError, InvalidURL
 from ..urls import register_backend
 from .log import SegmentLog, SegmentStream
 from .store import FSYNC_POLICIES
@@ -13,9 +13,18 @@ from .store import FSYNC_POLICIES
 __all__ = ["FSYNC_POLICIES", "SegmentLog", "SegmentStream"]
 
 
+_OBJECT_OPTIONS = ("sequencer", "storage_options", "cache")
+
+
 def _open(url: str, location: str, options: dict[str, Any]) -> AbstractLog:
     if "://" in url and not url.lower().startswith("file://"):
         raise InvalidURL(f"the segments backend stores logs in local directories, not {url!r}")
+    misplaced = [name for name in _OBJECT_OPTIONS if name in options]
+    if misplaced:
+        raise ConfigError(
+            f"{misplaced} apply to object-storage logs; a path or file:// URL opens local "
+            "segments unless you pass backend='objects'"
+        )
     return SegmentLog(location, url=url, **options)
 
 

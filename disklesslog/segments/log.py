@@ -28,11 +28,18 @@ import threading
 import time
 import uuid
 import weakref
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
-from ..api import AbstractLog, Stream, StreamInfo, check_offset, validate_stream_name
+from ..api import (
+    AbstractLog,
+    Stream,
+    StreamInfo,
+    check_offset,
+    validate_group_name,
+    validate_stream_name,
+)
 from ..config import StreamConfig
 from ..errors import (
     ConfigError,
@@ -41,9 +48,10 @@ from ..errors import (
     StreamNotFound,
 )
 from ..format import EncodedBatch, encode_batch_borrowed, encode_record
+from ..metrics import Metrics
 from ..records import RecordBatch
 from ..writer import Writer
-from . import reader
+from . import groups, reader
 from .layout import (
     CONFIG,
     LOG_SUFFIX,
@@ -94,6 +102,8 @@ class SegmentLog(AbstractLog):
         self._fsync = fsync
         self._stores: dict[str, StreamStore] = {}
         self._lock = threading.Lock()
+        self._metrics = Metrics()
+        self._retired = [0, 0, 0]  # append counters of stores already closed
         self._writers: weakref.WeakSet[Writer] = weakref.WeakSet()
         self._stop = threading.Event()
         self._syncer: threading.Thread | None = None
@@ -150,6 +160,7 @@ class SegmentLog(AbstractLog):
             raise StreamNotFound(f"stream {name!r} does not exist in {self.url}") from None
         store.mark_deleted()
         self._forget(name, store)
+        groups.forget_stream(self.path, name, sync=self._fsync != "never")
         graveyard = self.path / TMP / f"deleted-{uuid.uuid4().hex}"
         try:
             os.rename(directory, graveyard)
@@ -158,6 +169,39 @@ class SegmentLog(AbstractLog):
         shutil.rmtree(graveyard, ignore_errors=True)
         if self._fsync != "never":
             fsync_directory(self.path / STREAMS)
+
+    def commit_offsets(self, group: str, offsets: Mapping[str, int]) -> None:
+        """Store ``group``'s next offset to read for each stream in ``offsets``, merged
+        with the group's other streams (in ``groups/<group>.json``).
+
+        Every stream must exist (:class:`~disklesslog.StreamNotFound` otherwise, as
+        Kafka refuses offsets of unknown topics); an offset may lie anywhere from 0 up,
+        as in Kafka: a consumer resets a position that is out of range when it reads.
+        Nothing is stored unless every entry is valid. Several processes may commit to
+        one group at once; each commit is atomic and none loses another's streams.
+        """
+        self._check_open()
+        validate_group_name(group)
+        if not isinstance(offsets, Mapping):
+            raise ConfigError(
+                f"offsets must be a mapping of stream name to offset, not {type(offsets).__name__}"
+            )
+        checked = {
+            validate_stream_name(name): check_offset(offset, f"offset of stream {name!r}")
+            for name, offset in offsets.items()
+        }
+        for name in checked:
+            if not (self._stream_dir(name) / CONFIG).exists():
+                raise StreamNotFound(
+                    f"cannot commit an offset of stream {name!r}: it does not exist in {self.url}"
+                )
+        if checked:
+            groups.commit_offsets(self.path, group, checked, sync=self._fsync != "never")
+
+    def committed_offsets(self, group: str) -> dict[str, int]:
+        """The offsets ``group`` committed, by stream (``{}`` for a new group)."""
+        self._check_open()
+        return groups.committed_offsets(self.path, validate_group_name(group))
 
     # -------------------------------------------------------------- writers
 
@@ -189,8 +233,23 @@ class SegmentLog(AbstractLog):
         with self._lock:
             self._closed = True
             stores, self._stores = list(self._stores.values()), {}
+            for store in stores:
+                self._retire(store)
         for store in stores:
             store.close()
+
+    def metrics(self) -> dict[str, float]:
+        """Appended batches, records and bytes; read batches; fsyncs, segment rolls and
+        torn tails truncated by recovery, since this log was opened."""
+        with self._lock:
+            batches, records, written = self._retired
+            for store in self._stores.values():
+                batches += store.appended_batches
+                records += store.appended_records
+                written += store.appended_bytes
+        result = self._metrics.snapshot()
+        result.update(appended_batches=batches, appended_records=records, appended_bytes=written)
+        return dict(sorted(result.items()))
 
     # ------------------------------------------------------------ internals
 
@@ -252,7 +311,7 @@ class SegmentLog(AbstractLog):
                 raise StreamNotFound(f"stream {name!r} does not exist in {self.url}")
             self._create_directory(name, self._defaults)
         config = self._read_config(name)
-        store = StreamStore(self._stream_dir(name), name, config, self._fsync)
+        store = StreamStore(self._stream_dir(name), name, config, self._fsync, self._metrics)
         with self._lock:
             if self._closed:
                 store.close()
@@ -266,7 +325,14 @@ class SegmentLog(AbstractLog):
         with self._lock:
             if self._stores.get(name) is store:
                 del self._stores[name]
+                self._retire(store)
         store.close()
+
+    def _retire(self, store: StreamStore) -> None:
+        """Keep a closing store's append counters in the log's totals (lock held)."""
+        self._retired[0] += store.appended_batches
+        self._retired[1] += store.appended_records
+        self._retired[2] += store.appended_bytes
 
     def _with_store(self, name: str, action: Callable[[StreamStore], T], *, create: bool) -> T:
         """Run ``action`` on the stream's store, reopening it if the stream was deleted

@@ -54,6 +54,7 @@ def _read(
                 continue
             if base >= hi:
                 return
+            store.metrics.add("read_batches")
             part = batch.between(lo, hi)
             if remaining is not None:
                 part = part.head(remaining)

@@ -31,6 +31,7 @@ from typing import NamedTuple
 from ..config import StreamConfig
 from ..errors import CorruptDataError, IncompleteBatchError, LogClosedError, OffsetOutOfRange
 from ..format import TAIL, EncodedBatch
+from ..metrics import Metrics
 from .layout import (
     FLAG_DELETED,
     INDEX_SUFFIX,
@@ -82,8 +83,15 @@ class Snapshot(NamedTuple):
 class StreamStore:
     """One stream's files as this process sees them. Thread-safe."""
 
-    def __init__(self, directory: Path, name: str, config: StreamConfig, fsync: str) -> None:
+    def __init__(
+        self, directory: Path, name: str, config: StreamConfig, fsync: str, metrics: Metrics
+    ) -> None:
         self.name = name
+        self.metrics = metrics
+        # Append counters, updated under the mutex (cheaper than Metrics on this path).
+        self.appended_batches = 0
+        self.appended_records = 0
+        self.appended_bytes = 0
         self.directory = directory
         self.config = config
         self._fsync = fsync
@@ -360,6 +368,7 @@ class StreamStore:
                 exc.reason,
             )
             os.ftruncate(fd, seg.size)
+            self.metrics.add("truncated_tails")
             return True
         return False
 
@@ -451,6 +460,10 @@ class StreamStore:
                     self._write_state(self._recovered())
                 else:
                     self._unsynced = True
+                self.appended_batches += len(batches)
+                for batch in batches:
+                    self.appended_records += batch.record_count
+                    self.appended_bytes += ENTRY_PREFIX_SIZE + batch.size
                 return bases
             finally:
                 fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
@@ -520,6 +533,7 @@ class StreamStore:
 
     def _roll(self) -> None:
         """Close the active segment and start a new one at its end offset (lock held)."""
+        self.metrics.add("segment_rolls")
         old = self._segments[-1]
         old.seal()
         durable = self._fsync != "never"
@@ -596,6 +610,7 @@ class StreamStore:
     def _sync_data(self) -> None:
         if self._fsync != "never" and self._active_fd >= 0:
             _FDATASYNC(self._active_fd)
+            self.metrics.add("fsyncs")
         self._unsynced = False
 
     def sync(self) -> None:
@@ -612,6 +627,7 @@ class StreamStore:
         try:
             if self._fsync != "never":
                 _FDATASYNC(fd)
+                self.metrics.add("fsyncs")
         except BaseException:
             self._unsynced = True
             raise

@@ -1,0 +1,402 @@
+"""The shared object-storage backend: :class:`ObjectLog` and :class:`ObjectStream`.
+
+Records live in immutable objects in any fsspec filesystem (S3, GCS, Azure, memory,
+local or network disks); a :class:`~disklesslog.sequencers.Sequencer` orders them. Any
+number of processes on any machines may append at once: each writer flushes one object
+and one commit. There is no leader and no broker.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import threading
+import weakref
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from typing import Any
+
+from ..api import (
+    AbstractLog,
+    Stream,
+    StreamInfo,
+    check_offset,
+    validate_group_name,
+    validate_stream_name,
+)
+from ..config import StreamConfig
+from ..errors import (
+    ConfigError,
+    InvalidURL,
+    StreamExistsError,
+    StreamNotFound,
+)
+from ..metrics import Metrics
+from ..records import RecordBatch
+from ..sequencers import Sequencer, open_sequencer
+from . import reader
+from .cache import BlockCache, default_cache
+from .storage import ObjectStorage
+from .writer import ObjectWriter
+
+__all__ = ["ObjectLog", "ObjectStream"]
+
+MARKER = "disklesslog.json"
+MARKER_CONTENT = {"format": "disklesslog-objects", "version": 1}
+DEFAULT_LINGER_MS = 100
+DEFAULT_MAX_OBJECT_BYTES = 8 << 20
+APPEND_LINGER_MS = 0  # Stream.append: flush as soon as the previous flush is done
+
+
+class ObjectLog(AbstractLog):
+    """A log whose records live in shared objects, ordered by a sequencer."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        storage: ObjectStorage,
+        sequencer: Sequencer,
+        owns_sequencer: bool,
+        cache: BlockCache | None,
+        create: bool = True,
+        **stream_defaults: Any,
+    ) -> None:
+        super().__init__(url)
+        self._defaults = StreamConfig.from_dict(stream_defaults)
+        self._metrics = storage.metrics
+        self.storage = storage
+        self.sequencer = sequencer
+        self._owns_sequencer = owns_sequencer
+        self._cache = cache
+        self._lock = threading.Lock()
+        self._configs: dict[str, StreamConfig] = {}
+        self._append_writer: ObjectWriter | None = None
+        self._writers: weakref.WeakSet[ObjectWriter] = weakref.WeakSet()
+        try:
+            self._check_marker(create=create)
+        except BaseException:
+            if owns_sequencer:
+                sequencer.close()
+            raise
+
+    @property
+    def stream_defaults(self) -> StreamConfig:
+        return self._defaults
+
+    def _check_marker(self, *, create: bool) -> None:
+        """Refuse a location that holds another kind of log; mark a new one as ours."""
+        if self.storage.exists(MARKER):
+            try:
+                content = json.loads(self.storage.read_small(MARKER))
+            except ValueError as exc:
+                raise InvalidURL(f"{self.url}/{MARKER} is unreadable: {exc}") from None
+            if not isinstance(content, dict) or content.get("format") != MARKER_CONTENT["format"]:
+                raise InvalidURL(f"{self.url} holds a log of another kind: {content!r}")
+            if content.get("version") != MARKER_CONTENT["version"]:
+                raise InvalidURL(
+                    f"{self.url} is a version {content.get('version')} objects log; this "
+                    f"disklesslog reads version {MARKER_CONTENT['version']}"
+                )
+            return
+        if not create:
+            raise InvalidURL(f"{self.url} is not a log (no {MARKER}; opened with create=False)")
+        self.storage.write_small(MARKER, json.dumps(MARKER_CONTENT).encode() + b"\n")
+
+    # ----------------------------------------------------------------- streams
+
+    def stream(self, name: str) -> ObjectStream:
+        self._check_open()
+        return ObjectStream(self, validate_stream_name(name))
+
+    def create_stream(self, name: str, **config: Any) -> ObjectStream:
+        self._check_open()
+        validate_stream_name(name)
+        wanted = self._defaults.replace(**config)
+        meta = self.sequencer.create_stream(name, wanted.to_dict())
+        existing = StreamConfig.from_dict(meta.config)
+        if existing != wanted:
+            raise StreamExistsError(
+                f"stream {name!r} already exists with a different configuration: {existing}"
+            )
+        with self._lock:
+            self._configs[name] = existing
+        return ObjectStream(self, name)
+
+    def streams(self) -> list[str]:
+        self._check_open()
+        return self.sequencer.list_streams()
+
+    def delete_stream(self, name: str) -> None:
+        self._check_open()
+        validate_stream_name(name)
+        self.sequencer.delete_stream(name)
+        with self._lock:
+            self._configs.pop(name, None)
+
+    def _stream_config(self, name: str, *, create: bool) -> StreamConfig | None:
+        """A stream's config (cached: it is fixed for the stream's life), creating the
+        stream with the defaults if asked; ``None`` if it does not exist."""
+        config = self._configs.get(name)
+        if config is not None:
+            return config
+        try:
+            meta = self.sequencer.stream_info(name)
+        except StreamNotFound:
+            if not create:
+                return None
+            meta = self.sequencer.create_stream(name, self._defaults.to_dict())
+        config = StreamConfig.from_dict(meta.config)
+        with self._lock:
+            self._configs[name] = config
+        return config
+
+    def _ensure_stream(self, name: str, config: StreamConfig | None) -> None:
+        """Create ``name`` (with ``config`` or the defaults) unless it exists."""
+        meta = self.sequencer.create_stream(name, (config or self._defaults).to_dict())
+        with self._lock:
+            self._configs[name] = StreamConfig.from_dict(meta.config)
+
+    # ----------------------------------------------------------------- writers
+
+    def writer(
+        self,
+        *,
+        linger_ms: float | None = None,
+        max_buffer_bytes: int | None = None,
+        max_object_bytes: int | None = None,
+        producer: str | None = None,
+    ) -> ObjectWriter:
+        """A writer: buffers appends to any streams and flushes them as one object and
+        one sequencer commit after ``linger_ms`` (100) or ``max_object_bytes`` (8 MiB).
+
+        ``producer`` names an idempotent producer: opening a writer with the same name
+        elsewhere fences this one (its next flush raises ProducerFenced).
+        """
+        self._check_open()
+        if max_buffer_bytes is not None and max_object_bytes is not None:
+            raise ConfigError("give max_object_bytes or max_buffer_bytes, not both")
+        size = max_object_bytes if max_object_bytes is not None else max_buffer_bytes
+        w = ObjectWriter(
+            self,
+            linger_ms=DEFAULT_LINGER_MS if linger_ms is None else linger_ms,
+            max_object_bytes=DEFAULT_MAX_OBJECT_BYTES if size is None else size,
+            producer=producer,
+        )
+        self._writers.add(w)
+        return w
+
+    def _writer_for_appends(self) -> ObjectWriter:
+        """The writer behind ``Stream.append``: it flushes as soon as it can, so appends
+        from many threads share objects and commits."""
+        with self._lock:
+            self._check_open()
+            if self._append_writer is None or self._append_writer.closed:
+                self._append_writer = ObjectWriter(
+                    self,
+                    linger_ms=APPEND_LINGER_MS,
+                    max_object_bytes=DEFAULT_MAX_OBJECT_BYTES,
+                    producer=None,
+                )
+            return self._append_writer
+
+    # ------------------------------------------------------------------ reads
+
+    def fetch(self, key: str, start: int, end: int) -> bytes:
+        """Bytes ``[start, end)`` of an object, through the block cache."""
+        self._metrics.add("read_ranges")
+        if self._cache is None:
+            return self.storage.get_range(key, start, end)
+
+        def get(range_start: int, range_end: int) -> bytes:
+            return self.storage.get_range(key, range_start, range_end)
+
+        return self._cache.read(f"{self.storage.url}/{key}", start, end, get, metrics=self._metrics)
+
+    def cache_object(self, key: str, data: bytes) -> None:
+        """Insert an object this process just wrote into the cache (the hottest data)."""
+        if self._cache is not None:
+            self._cache.put_object(f"{self.storage.url}/{key}", data)
+
+    # -------------------------------------------------------- consumer groups
+
+    def commit_offsets(self, group: str, offsets: Mapping[str, int]) -> None:
+        self._check_open()
+        validate_group_name(group)
+        if not isinstance(offsets, Mapping):
+            raise ConfigError("offsets must be a mapping of stream name to next offset")
+        checked = {
+            validate_stream_name(name): check_offset(offset, f"offset of {name!r}")
+            for name, offset in offsets.items()
+        }
+        for name in checked:
+            self.sequencer.stream_info(name)  # raises StreamNotFound
+        self.sequencer.commit_offsets(group, checked)
+
+    def committed_offsets(self, group: str) -> dict[str, int]:
+        self._check_open()
+        return self.sequencer.committed_offsets(validate_group_name(group))
+
+    # -------------------------------------------------------------- lifecycle
+
+    def metrics(self) -> dict[str, float]:
+        """PUTs and GETs (counts, bytes, latency), cache hits and misses, commits and
+        their latency, orphaned objects: what this log has cost since it was opened."""
+        result = self._metrics.snapshot()
+        result.setdefault("puts", 0)
+        result.setdefault("gets", 0)
+        result.setdefault("commits", 0)
+        return dict(sorted(result.items()))
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        writers = list(self._writers)
+        if self._append_writer is not None:
+            writers.append(self._append_writer)
+        for w in writers:
+            with contextlib.suppress(Exception):
+                w.close()
+        with self._lock:
+            self._closed = True
+        if self._owns_sequencer:
+            self.sequencer.close()
+
+
+class ObjectStream(Stream):
+    """A stream of an :class:`ObjectLog`."""
+
+    _log: ObjectLog
+
+    def append(
+        self,
+        value: bytes | None,
+        key: bytes | None = None,
+        headers: Any = None,
+        timestamp: int | None = None,
+    ) -> int:
+        """Append one record; returns once its object is stored and committed."""
+        writer = self._log._writer_for_appends()
+        return writer.append(self._name, value, key, headers, timestamp).result()
+
+    def append_batch(
+        self,
+        values: Iterable[bytes | None],
+        *,
+        keys: Iterable[bytes | None] | None = None,
+        headers: Iterable[Any] | None = None,
+        timestamps: int | Sequence[int] | None = None,
+    ) -> list[int]:
+        writer = self._log._writer_for_appends()
+        future = writer.append_batch(
+            self._name, values, keys=keys, headers=headers, timestamps=timestamps
+        )
+        return future.result()
+
+    def read_batches(
+        self, start: int | None = None, end: int | None = None, *, max_records: int | None = None
+    ) -> Iterator[RecordBatch]:
+        self._log._check_open()
+        if start is not None:
+            check_offset(start, "start")
+        if end is not None:
+            check_offset(end, "end")
+        if max_records is not None and (type(max_records) is not int or max_records < 0):
+            raise ConfigError("max_records must be a non-negative int or None")
+        return reader.read_batches(self._log, self._name, start, end, max_records)
+
+    def offset_for_time(self, timestamp_ms: int) -> int | None:
+        self._log._check_open()
+        if type(timestamp_ms) is not int:
+            raise ConfigError(f"timestamp_ms must be an int, not {type(timestamp_ms).__name__}")
+        return reader.offset_for_time(self._log, self._name, timestamp_ms)
+
+    @property
+    def start_offset(self) -> int:
+        self._log._check_open()
+        return self._log.sequencer.stream_info(self._name).start_offset
+
+    @property
+    def end_offset(self) -> int:
+        self._log._check_open()
+        return self._log.sequencer.stream_info(self._name).end_offset
+
+    def trim(self, before_offset: int) -> None:
+        self._log._check_open()
+        check_offset(before_offset, "before_offset")
+        self._log.sequencer.trim(self._name, before_offset)
+
+    def info(self) -> StreamInfo:
+        self._log._check_open()
+        meta = self._log.sequencer.stream_info(self._name)
+        size = 0
+        seen: set[str] = set()
+        offset = meta.start_offset
+        while offset < meta.end_offset:
+            page = self._log.sequencer.find_batches(self._name, offset, 64 << 20)
+            if not page.batches:
+                break
+            for location in page.batches:
+                size += location.size
+                seen.add(location.object_key)
+            offset = page.batches[-1].last_offset + 1
+        objects = len(seen)
+        return StreamInfo(
+            name=self._name,
+            start_offset=meta.start_offset,
+            end_offset=meta.end_offset,
+            config=StreamConfig.from_dict(meta.config),
+            size_bytes=size,
+            details={
+                "objects": objects,
+                "sequencer": self._log.sequencer.url,
+                "storage": self._log.storage.url,
+            },
+        )
+
+
+def open_object_log(url: str, location: str, options: dict[str, Any]) -> ObjectLog:
+    """The ``objects`` backend factory (see :func:`disklesslog.open`)."""
+    from .storage import open_filesystem  # noqa: PLC0415 - keeps fsspec imports lazy
+
+    sequencer_option = options.pop("sequencer", None)
+    storage_options = options.pop("storage_options", None)
+    cache_option = options.pop("cache", "default")
+    fs, root = open_filesystem(url, storage_options)
+    metrics = Metrics()
+    storage = ObjectStorage(fs, root, metrics)
+    sequencer, owned = _sequencer_for(storage, sequencer_option)
+    if cache_option == "default":
+        cache: BlockCache | None = default_cache()
+    elif cache_option is None or isinstance(cache_option, BlockCache):
+        cache = cache_option
+    else:
+        raise ConfigError("cache must be a BlockCache, None (no cache) or omitted")
+    try:
+        return ObjectLog(
+            url, storage=storage, sequencer=sequencer, owns_sequencer=owned, cache=cache, **options
+        )
+    except TypeError as exc:
+        if owned:
+            sequencer.close()
+        raise ConfigError(f"unknown option for an objects log: {exc}") from None
+
+
+def _sequencer_for(storage: ObjectStorage, option: Any) -> tuple[Sequencer, bool]:
+    """The sequencer a log uses, and whether the log owns (and closes) it."""
+    if isinstance(option, Sequencer):
+        return option, False
+    if isinstance(option, str):
+        return open_sequencer(option), True
+    if option is not None:
+        raise ConfigError(f"sequencer must be a URL or a Sequencer instance, not {option!r}")
+    protocol = storage.url.split("://", 1)[0]
+    if protocol == "memory":
+        return open_sequencer(f"memory://{storage.root}"), True
+    local = storage.local_root()
+    if local is not None:
+        return open_sequencer(f"sqlite://{local}/disklesslog-meta.db"), True
+    raise ConfigError(
+        f"{storage.url} is shared storage: pass sequencer=... with a sequencer every "
+        "writer can reach, e.g. sequencer='sqlite:///path/meta.db' for processes on one "
+        "machine (the object-store and PostgreSQL sequencers come next)"
+    )

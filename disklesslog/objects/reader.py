@@ -1,0 +1,142 @@
+"""Reading a stream of the object backend: locations from the sequencer, bytes from objects.
+
+``find_batches`` pages through a stream's batch locations; consecutive locations in one
+object (close enough together) are fetched as one byte range through the process-wide
+block cache; every batch is checked against its checksum *and* its coordinates, then
+decoded into columns. The first page fixes the end offset: a read returns what was
+committed when it started.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from ..errors import CorruptDataError
+from ..format import decode_batch
+from ..records import RecordBatch
+from ..sequencers.base import BatchLocation, BatchPage
+
+if TYPE_CHECKING:
+    from .log import ObjectLog
+
+__all__ = ["offset_for_time", "read_batches"]
+
+PAGE_BYTES = 8 << 20
+"""Bytes of batch locations asked for per ``find_batches`` call."""
+COALESCE_GAP = 256 << 10
+"""Neighbouring batches of one object this close are fetched as one range."""
+
+
+@dataclass
+class _Run:
+    """Batches of one object read with one ranged fetch."""
+
+    object_key: str
+    start: int
+    end: int
+    batches: list[BatchLocation]
+
+
+def read_batches(
+    log: ObjectLog, stream: str, start: int | None, end: int | None, max_records: int | None
+) -> Iterator[RecordBatch]:
+    """Batches covering ``[start, end)``, clipped; range errors raise now, reads are lazy."""
+    sequencer = log.sequencer
+    if start is None:
+        start = sequencer.stream_info(stream).start_offset
+    page = sequencer.find_batches(stream, start, PAGE_BYTES)
+    hi = page.end_offset if end is None else min(end, page.end_offset)
+    return _read(log, stream, page, start, hi, max_records)
+
+
+def _read(
+    log: ObjectLog, stream: str, page: BatchPage, lo: int, hi: int, remaining: int | None
+) -> Iterator[RecordBatch]:
+    config = log._stream_config(stream, create=False)
+    max_batch_bytes = config.max_batch_bytes if config else 1 << 31
+    while lo < hi and remaining != 0:
+        wanted = [b for b in page.batches if b.base_offset < hi and b.last_offset >= lo]
+        if not wanted:
+            return
+        for run in _runs(wanted):
+            data = log.fetch(run.object_key, run.start, run.end)
+            for location in run.batches:
+                batch = _decode(data, run, location, max_batch_bytes)
+                part = batch.between(lo, hi)
+                if remaining is not None:
+                    part = part.head(remaining)
+                    remaining -= len(part)
+                lo = location.last_offset + 1
+                if len(part):
+                    yield part
+                if remaining == 0 or lo >= hi:
+                    return
+        page = log.sequencer.find_batches(stream, lo, PAGE_BYTES)
+
+
+def _runs(locations: list[BatchLocation]) -> list[_Run]:
+    """Group consecutive locations into ranged fetches, one object at a time."""
+    runs: list[_Run] = []
+    for location in locations:
+        last = runs[-1] if runs else None
+        if (
+            last is not None
+            and last.object_key == location.object_key
+            and last.end <= location.position <= last.end + COALESCE_GAP
+        ):
+            last.end = location.position + location.size
+            last.batches.append(location)
+        else:
+            runs.append(
+                _Run(
+                    location.object_key,
+                    location.position,
+                    location.position + location.size,
+                    [location],
+                )
+            )
+    return runs
+
+
+def _decode(data: bytes, run: _Run, location: BatchLocation, max_batch_bytes: int) -> RecordBatch:
+    at = location.position - run.start
+    source = f"object {location.object_key}"
+    if len(data) < at + location.size:
+        raise CorruptDataError(
+            f"object is {run.start + len(data)} bytes, the batch at {location.position} "
+            f"needs {location.size} more",
+            source=source,
+            position=location.position,
+        )
+    try:
+        header, batch = decode_batch(
+            data, at, location.base_offset, max_batch_bytes=max_batch_bytes
+        )
+    except CorruptDataError as exc:
+        raise exc.located(source, run.start) from None
+    if (
+        header.size != location.size
+        or location.base_offset + header.span - 1 != location.last_offset
+    ):
+        raise CorruptDataError(
+            f"batch does not match its coordinates (offsets {location.base_offset}.."
+            f"{location.last_offset}, {location.size} bytes)",
+            source=source,
+            position=location.position,
+        )
+    return batch
+
+
+def offset_for_time(log: ObjectLog, stream: str, timestamp: int) -> int | None:
+    """First offset whose record timestamp is >= ``timestamp`` (Kafka's rule): the
+    sequencer names the first batch whose max timestamp reaches it; the records decide."""
+    candidate = log.sequencer.offset_for_time(stream, timestamp)
+    if candidate is None:
+        return None
+    for batch in read_batches(log, stream, candidate, None, None):
+        for offset, ts in zip(batch.offsets, batch.timestamps):
+            if ts >= timestamp:
+                return offset
+    return None

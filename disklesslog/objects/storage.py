@@ -1,0 +1,155 @@
+"""Object storage through fsspec: write-once puts with retries, ranged gets, listing.
+
+Everything the object backend stores goes through :class:`ObjectStorage`, so retries,
+error translation and the PUT/GET counters live in one place. Objects are immutable
+and written once under unique, time-sortable names (:meth:`ObjectStorage.new_key`):
+nothing is ever overwritten, so a reader holding an old batch location can always
+finish, and an upload retried after a lost response writes the same bytes again.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import secrets
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import fsspec
+
+from ..errors import ConfigError, DataLossError, InvalidURL, MissingDependencyError
+from ..metrics import Metrics
+
+__all__ = ["ObjectStorage", "open_filesystem"]
+
+OBJECTS = "objects"
+"""Folder (key prefix) of WAL objects under the log's root."""
+
+_EXTRAS = {
+    "s3": ("s3", "s3fs"),
+    "s3a": ("s3", "s3fs"),
+    "gs": ("gcs", "gcsfs"),
+    "gcs": ("gcs", "gcsfs"),
+    "az": ("azure", "adlfs"),
+    "abfs": ("azure", "adlfs"),
+    "abfss": ("azure", "adlfs"),
+}
+
+
+def open_filesystem(url: str, storage_options: Mapping[str, Any] | None) -> tuple[Any, str]:
+    """``(fsspec filesystem, root path)`` for a URL; ``storage_options`` go to fsspec
+    untouched. A missing client library raises an error naming the extra to install."""
+    options = dict(storage_options or {})
+    protocol = url.split("://", 1)[0].lower() if "://" in url else "file"
+    if protocol == "file":
+        options.setdefault("auto_mkdir", True)
+    try:
+        fs, root = fsspec.core.url_to_fs(url, **options)
+    except ImportError as exc:
+        extra, package = _EXTRAS.get(protocol, (None, None))
+        if extra is None:
+            raise MissingDependencyError(
+                f"{protocol}:// needs a library that is not installed: {exc}"
+            ) from None
+        raise MissingDependencyError(
+            f"{protocol}:// logs need {package}: pip install 'disklesslog[{extra}]'"
+        ) from None
+    except ValueError as exc:
+        raise InvalidURL(f"cannot open {url!r}: {exc}") from None
+    except TypeError as exc:  # an option the filesystem does not take
+        raise ConfigError(f"storage_options rejected by {protocol}:// : {exc}") from None
+    return fs, str(root).rstrip("/")
+
+
+class ObjectStorage:
+    """The objects of one log: ``<root>/objects/<key>`` in an fsspec filesystem."""
+
+    def __init__(
+        self,
+        fs: Any,
+        root: str,
+        metrics: Metrics,
+        *,
+        put_attempts: int = 5,
+        retry_delay: float = 0.05,
+    ) -> None:
+        if type(put_attempts) is not int or put_attempts < 1:
+            raise ConfigError("put_attempts must be an int >= 1")
+        self.fs = fs
+        self.root = root
+        self.metrics = metrics
+        self.put_attempts = put_attempts
+        self.retry_delay = retry_delay
+        protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
+        self.url = f"{protocol}://{root}"
+
+    def path(self, key: str) -> str:
+        return f"{self.root}/{key}"
+
+    @staticmethod
+    def new_key() -> str:
+        """A fresh, write-once object key: time-sortable, then random."""
+        return f"{OBJECTS}/{time.time_ns():020d}-{secrets.token_hex(8)}"
+
+    def put(self, key: str, data: bytes) -> None:
+        """Store ``data`` under ``key``, retrying failures with exponential backoff and
+        jitter. Safe to retry: the key is unique and the bytes are the same."""
+        path = self.path(key)
+        for attempt in range(1, self.put_attempts + 1):
+            started = time.monotonic()
+            try:
+                self.fs.pipe_file(path, data)
+            except (OSError, TimeoutError) as exc:
+                self.metrics.add("put_errors")
+                if attempt == self.put_attempts:
+                    raise OSError(
+                        f"could not store object {key} in {self.url} after {attempt} "
+                        f"attempts: {exc}"
+                    ) from exc
+                time.sleep(self.retry_delay * 2 ** (attempt - 1) * (0.5 + random.random()))
+                continue
+            self.metrics.observe("put", time.monotonic() - started)
+            self.metrics.add("put_bytes", len(data))
+            return
+
+    def get_range(self, key: str, start: int, end: int) -> bytes:
+        """Bytes ``[start, end)`` of an object (fewer at its end). A missing object is
+        :class:`DataLossError`: the sequencer still points at it."""
+        started = time.monotonic()
+        try:
+            data = self.fs.cat_file(self.path(key), start=start, end=end)
+        except FileNotFoundError:
+            raise DataLossError(
+                f"object {key} is missing from {self.url} although the sequencer still "
+                "references it (deleted by hand, or garbage collection ran with too "
+                "short a grace period)",
+                source=self.path(key),
+            ) from None
+        self.metrics.observe("get", time.monotonic() - started)
+        self.metrics.add("get_bytes", len(data))
+        return bytes(data)
+
+    def delete(self, keys: list[str]) -> None:
+        """Delete objects; already missing ones are fine (deletion is idempotent)."""
+        for key in keys:
+            try:
+                self.fs.rm_file(self.path(key))
+            except FileNotFoundError:
+                continue
+            self.metrics.add("deletes")
+
+    def exists(self, name: str) -> bool:
+        return bool(self.fs.exists(self.path(name)))
+
+    def read_small(self, name: str) -> bytes:
+        """A small metadata file at the root (e.g. the log marker)."""
+        return bytes(self.fs.cat_file(self.path(name)))
+
+    def write_small(self, name: str, data: bytes) -> None:
+        self.put(name, data)
+
+    def local_root(self) -> str | None:
+        """The root as a local directory path, if this is the local filesystem."""
+        protocol = self.fs.protocol if isinstance(self.fs.protocol, str) else self.fs.protocol[0]
+        return os.path.abspath(self.root) if protocol in ("file", "local") else None

@@ -1,0 +1,140 @@
+"""Consumer-group offsets of a local log: one small JSON file per group.
+
+::
+
+    <log>/groups/<group>.json   {"version": 1, "group": ..., "offsets": {stream: offset}}
+    <log>/groups/<group>.lock   flock'ed while a commit reads, merges and replaces the file
+
+Group names are validated (the stream-name rule) before they get here, so a group file
+never leaves ``groups/``. A commit is a read-modify-write under the group's lock, so
+processes committing different streams of one group at once keep each other's
+positions; the new file is written in ``tmp/`` and renamed into place, so readers (who
+take no lock) see either the old or the new offsets, never a torn file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import uuid
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+from ..errors import CorruptDataError
+from .layout import TMP, fsync_directory
+
+__all__ = ["GROUPS", "commit_offsets", "committed_offsets", "forget_stream", "group_path"]
+
+GROUPS = "groups"
+_VERSION = 1
+
+
+def group_path(root: Path, group: str) -> Path:
+    """The file holding ``group``'s offsets in the log at ``root``."""
+    return root / GROUPS / f"{group}.json"
+
+
+def committed_offsets(root: Path, group: str) -> dict[str, int]:
+    """The offsets ``group`` committed, by stream; ``{}`` for a group that never committed.
+
+    Raises :class:`CorruptDataError` naming the file if it is not a valid group file.
+    """
+    path = group_path(root, group)
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        return {}
+    return _decode(raw, path, group)
+
+
+def commit_offsets(root: Path, group: str, offsets: Mapping[str, int], *, sync: bool) -> None:
+    """Merge ``offsets`` (already validated) into ``group``'s stored offsets.
+
+    Streams not named in ``offsets`` keep their stored offsets. With ``sync`` the new
+    file and the directory entry are fsynced before this returns.
+    """
+    (root / GROUPS).mkdir(exist_ok=True)
+    _update(root, group, lambda current: {**current, **offsets}, sync=sync)
+
+
+def forget_stream(root: Path, stream: str, *, sync: bool) -> None:
+    """Remove a deleted stream's offsets from every group (as Kafka does when a topic is
+    deleted): a stream created again later starts with no committed position."""
+    directory = root / GROUPS
+    if not directory.exists():
+        return
+    for path in sorted(directory.glob("*.json")):
+        group = path.stem
+        if stream in committed_offsets(root, group):
+            _update(
+                root,
+                group,
+                lambda current: {k: v for k, v in current.items() if k != stream},
+                sync=sync,
+            )
+
+
+def _update(
+    root: Path, group: str, change: Callable[[dict[str, int]], Mapping[str, int]], *, sync: bool
+) -> None:
+    """Replace ``group``'s offsets with ``change(current)``, under the group's lock."""
+    directory = root / GROUPS
+    path = group_path(root, group)
+    with _locked(directory / f"{group}.lock"):
+        try:
+            current = _decode(path.read_bytes(), path, group)
+        except FileNotFoundError:
+            current = {}
+        content = {
+            "version": _VERSION,
+            "group": group,
+            "offsets": dict(sorted(change(current).items())),
+        }
+        staging = root / TMP / f"group-{uuid.uuid4().hex}.json"
+        try:
+            with open(staging, "wb") as f:
+                f.write(json.dumps(content, indent=1).encode() + b"\n")
+                if sync:
+                    f.flush()
+                    os.fsync(f.fileno())
+            os.replace(staging, path)
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(staging)
+            raise
+        if sync:
+            fsync_directory(directory)
+
+
+@contextlib.contextmanager
+def _locked(lock_path: Path) -> Iterator[None]:
+    # flock conflicts between separate open()s, so threads of one process serialise too.
+    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def _decode(raw: bytes, path: Path, group: str) -> dict[str, int]:
+    try:
+        content: Any = json.loads(raw)
+    except ValueError as exc:
+        raise CorruptDataError(f"unreadable consumer group file: {exc}", source=str(path)) from None
+    if not isinstance(content, dict) or content.get("version") != _VERSION:
+        raise CorruptDataError("not a version 1 consumer group file", source=str(path))
+    offsets = content.get("offsets")
+    if content.get("group") != group or not isinstance(offsets, dict):
+        raise CorruptDataError(
+            f"consumer group file does not hold group {group!r}'s offsets", source=str(path)
+        )
+    for stream, offset in offsets.items():
+        if type(offset) is not int or offset < 0:
+            raise CorruptDataError(
+                f"invalid offset {offset!r} for stream {stream!r}", source=str(path)
+            )
+    return offsets

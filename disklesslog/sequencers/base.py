@@ -1,0 +1,222 @@
+"""The sequencer protocol: what orders batches for the object-storage backend.
+
+A sequencer is Kafka KIP-1150's "batch coordinator" as a library interface. Writers
+upload an object holding batches of many streams, then make one :meth:`Sequencer.commit`
+that assigns offsets to all of them atomically. Readers ask :meth:`Sequencer.find_batches`
+where a stream's batches live. The sequencer also keeps stream extents and settings,
+producer state (idempotence and fencing), consumer-group offsets, and which objects no
+longer hold any live batch.
+
+Every implementation passes the same conformance suite (``tests/sequencers/``). The
+idempotence and fencing rules live once, in :mod:`disklesslog.sequencers.producers`.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import Any
+
+__all__ = [
+    "NO_PRODUCER",
+    "BatchLocation",
+    "BatchPage",
+    "BatchToCommit",
+    "CommitResult",
+    "Sequencer",
+    "StreamMeta",
+]
+
+NO_PRODUCER = -1
+"""``producer_id`` of a batch written without idempotence (never deduplicated)."""
+
+
+@dataclass(frozen=True)
+class BatchToCommit:
+    """One batch of an uploaded object, as its writer describes it to :meth:`Sequencer.commit`.
+
+    ``position``/``size`` locate the batch's bytes in the object. ``span`` is how many
+    offsets it covers (its ``last_offset_delta + 1``); ``record_count`` how many records
+    it holds (equal for batches a writer produces) and so how many producer sequence
+    numbers it uses: ``base_sequence .. base_sequence + record_count - 1``.
+    """
+
+    stream: str
+    position: int
+    size: int
+    span: int
+    record_count: int
+    max_timestamp: int
+    producer_id: int = NO_PRODUCER
+    producer_epoch: int = -1
+    base_sequence: int = -1
+
+
+@dataclass(frozen=True)
+class CommitResult:
+    """Where a committed batch landed. ``duplicate`` means it was an exact retry of a
+    batch committed before, and ``base_offset`` is that batch's original offset."""
+
+    base_offset: int
+    duplicate: bool = False
+
+
+@dataclass(frozen=True)
+class BatchLocation:
+    """A live batch: which object holds it, where, and which offsets it covers."""
+
+    batch_id: int
+    object_key: str
+    position: int
+    size: int
+    base_offset: int
+    last_offset: int
+    max_timestamp: int
+
+
+@dataclass(frozen=True)
+class BatchPage:
+    """Answer of :meth:`Sequencer.find_batches`: batches in offset order plus the
+    stream's extent at the time of the call (the reader's snapshot)."""
+
+    batches: list[BatchLocation]
+    start_offset: int
+    end_offset: int
+
+
+@dataclass(frozen=True)
+class StreamMeta:
+    """A stream as the sequencer knows it. ``config`` is the stream's
+    :class:`~disklesslog.StreamConfig` as a plain dict."""
+
+    name: str
+    start_offset: int
+    end_offset: int
+    config: dict[str, Any] = field(default_factory=dict)
+
+
+class Sequencer(ABC):
+    """Orders batches of shared objects into streams. Thread-safe.
+
+    Rejections are all-or-nothing and raise typed errors:
+    :class:`~disklesslog.StreamNotFound`, :class:`~disklesslog.ProducerFenced`,
+    :class:`~disklesslog.OutOfOrderSequence`, :class:`~disklesslog.OffsetOutOfRange`.
+    """
+
+    url: str = ""
+
+    # ----------------------------------------------------------------- streams
+
+    @abstractmethod
+    def create_stream(self, name: str, config: Mapping[str, Any]) -> StreamMeta:
+        """Create ``name`` with ``config`` if it does not exist; return the stream as it
+        is (with its existing config if it existed). Idempotent."""
+
+    @abstractmethod
+    def delete_stream(self, name: str) -> None:
+        """Delete a stream, its batches and its producer state; objects left without a
+        live batch become garbage. Raises StreamNotFound."""
+
+    @abstractmethod
+    def list_streams(self) -> list[str]:
+        """Names of all streams, sorted."""
+
+    @abstractmethod
+    def stream_info(self, name: str) -> StreamMeta:
+        """Extent and config of a stream. Raises StreamNotFound."""
+
+    # --------------------------------------------------------------- producers
+
+    @abstractmethod
+    def init_producer(self, name: str | None = None) -> tuple[int, int]:
+        """``(producer_id, epoch)`` for a writer. A new anonymous producer gets a fresh
+        id with epoch 0. A named producer keeps its id and gets ``epoch + 1``, which
+        fences every older instance: their next commit raises ProducerFenced."""
+
+    # ----------------------------------------------------------------- commits
+
+    @abstractmethod
+    def commit(self, object_key: str, batches: Sequence[BatchToCommit]) -> list[CommitResult]:
+        """Record an uploaded object and assign offsets to its batches, in one atomic step.
+
+        Offsets are assigned in the order of ``batches``, each stream continuing from its
+        end offset. For a producer's batch (``producer_id >= 0``) the rules of
+        :mod:`~disklesslog.sequencers.producers` apply: an exact repeat of one of its
+        last five batches on that stream is answered with the original offsets
+        (``duplicate=True``) and not stored again; any other rejection (fenced epoch,
+        sequence gap, unknown stream or producer) refuses the whole commit and changes
+        nothing. Committing the same object key again is allowed (a retry).
+        """
+
+    @abstractmethod
+    def record_orphan(self, object_key: str) -> None:
+        """Note an uploaded object that will never be committed (its commit failed), so
+        garbage collection deletes it after the grace period."""
+
+    # ------------------------------------------------------------------- reads
+
+    @abstractmethod
+    def find_batches(self, stream: str, offset: int, max_bytes: int) -> BatchPage:
+        """Live batches of ``stream`` from the one containing ``offset``, in offset order,
+        until their sizes reach ``max_bytes`` (always at least one batch when any
+        exists). Empty when ``offset`` equals the end offset. Raises OffsetOutOfRange
+        below the start offset or above the end offset, StreamNotFound."""
+
+    @abstractmethod
+    def offset_for_time(self, stream: str, timestamp: int) -> int | None:
+        """First offset >= the start offset of the first batch whose max timestamp is
+        >= ``timestamp`` (the batch's base offset, or the start offset if the batch
+        begins below it); ``None`` if no batch is that late. The caller refines the
+        answer record by record inside that batch."""
+
+    # -------------------------------------------------------------- maintenance
+
+    @abstractmethod
+    def trim(self, stream: str, before: int) -> None:
+        """Move the start offset to ``before`` (never backwards; OffsetOutOfRange past the
+        end offset). Batches wholly below it stop being live."""
+
+    @abstractmethod
+    def replace_batches(
+        self, stream: str, old_batch_ids: Sequence[int], new_batches: Sequence[BatchLocation]
+    ) -> bool:
+        """Swap live batches for rewritten ones covering the same offsets (merging,
+        compaction): applies only if every old batch is still live, else returns False
+        and changes nothing. ``new_batches``' ``batch_id`` fields are ignored."""
+
+    @abstractmethod
+    def objects_to_delete(self, grace_seconds: float) -> list[str]:
+        """Keys of objects that have held no live batch (or were recorded as orphans)
+        for at least ``grace_seconds``: safe to delete from storage."""
+
+    @abstractmethod
+    def forget_objects(self, object_keys: Sequence[str]) -> None:
+        """Drop deleted objects from the sequencer's records."""
+
+    # ---------------------------------------------------------- consumer groups
+
+    @abstractmethod
+    def commit_offsets(self, group: str, offsets: Mapping[str, int]) -> None:
+        """Store a consumer group's next offset per stream (merged with earlier ones)."""
+
+    @abstractmethod
+    def committed_offsets(self, group: str) -> dict[str, int]:
+        """A consumer group's stored offsets ({} for an unknown group)."""
+
+    # ------------------------------------------------------------------ closing
+
+    def close(self) -> None:  # noqa: B027 - optional hook, most have nothing to release
+        """Release connections and files. Idempotent."""
+
+    def __enter__(self) -> Sequencer:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()

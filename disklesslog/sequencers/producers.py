@@ -1,0 +1,116 @@
+"""Idempotence and fencing: Kafka's producer rules, written once for every sequencer.
+
+A writer gets ``(producer_id, epoch)`` from :meth:`Sequencer.init_producer` and numbers
+its records per stream: each batch carries the sequence number of its first record.
+For every (producer, stream) the sequencer keeps the epoch it last saw and the last
+five batches it accepted. A batch is then, in this order:
+
+1. **fenced** if its epoch is below the producer's current epoch (a newer instance of a
+   named producer was initialised), or names an unknown producer or future epoch;
+2. **a duplicate** if it repeats one of those five batches exactly (same first and last
+   sequence number): the commit answers with the original offsets and stores nothing;
+3. **accepted** if it continues the sequence (first sequence = last accepted + 1, or 0
+   for the first batch of a new epoch);
+4. **out of order** otherwise: a gap or a partial overlap would lose or duplicate records.
+
+The functions are pure: sequencers load the state, call :func:`decide` and
+:func:`advance` batch by batch inside their commit transaction, and store the result.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from ..errors import OutOfOrderSequence, ProducerFenced
+from .base import NO_PRODUCER, BatchToCommit
+
+__all__ = ["TRACKED_BATCHES", "ProducerStreamState", "advance", "decide"]
+
+TRACKED_BATCHES = 5
+"""Batches remembered per (producer, stream) for deduplication (Kafka's 5 in flight)."""
+
+
+@dataclass(frozen=True)
+class ProducerStreamState:
+    """What a sequencer remembers about one producer on one stream.
+
+    ``batches`` holds ``(first_sequence, last_sequence, base_offset)`` of the last
+    accepted batches, oldest first, at most :data:`TRACKED_BATCHES`.
+    """
+
+    epoch: int
+    batches: tuple[tuple[int, int, int], ...] = ()
+
+    def to_json(self) -> str:
+        return json.dumps([self.epoch, [list(b) for b in self.batches]])
+
+    @classmethod
+    def from_json(cls, text: str) -> ProducerStreamState:
+        epoch, batches = json.loads(text)
+        return cls(int(epoch), tuple((int(a), int(b), int(c)) for a, b, c in batches))
+
+
+def decide(
+    state: ProducerStreamState | None, current_epoch: int | None, batch: BatchToCommit
+) -> int | None:
+    """Judge one batch: the original base offset if it is an exact duplicate, ``None``
+    if it is to be accepted; raises ProducerFenced or OutOfOrderSequence otherwise.
+
+    ``state`` is the (producer, stream) state (``None`` if the producer never wrote to
+    the stream); ``current_epoch`` the producer's epoch from its registration (``None``
+    if the producer id is unknown).
+    """
+    if batch.producer_id == NO_PRODUCER:
+        return None
+    if current_epoch is None:
+        raise ProducerFenced(
+            f"producer {batch.producer_id} is unknown to this sequencer; create a new writer"
+        )
+    if batch.producer_epoch < current_epoch:
+        raise ProducerFenced(
+            f"producer {batch.producer_id} epoch {batch.producer_epoch} was fenced by epoch "
+            f"{current_epoch} (a newer instance of this producer was started); create a "
+            "new writer"
+        )
+    if batch.producer_epoch > current_epoch:
+        raise ProducerFenced(
+            f"producer {batch.producer_id} epoch {batch.producer_epoch} was never issued "
+            f"(current epoch {current_epoch})"
+        )
+    if batch.record_count < 1 or batch.base_sequence < 0:
+        raise OutOfOrderSequence(
+            f"producer {batch.producer_id}: a batch needs a base sequence >= 0 and records"
+        )
+    first = batch.base_sequence
+    last = first + batch.record_count - 1
+    if state is None or state.epoch < batch.producer_epoch:
+        if first != 0:
+            raise OutOfOrderSequence(
+                f"producer {batch.producer_id} epoch {batch.producer_epoch} on stream "
+                f"{batch.stream!r}: the first batch must start at sequence 0, not {first}"
+            )
+        return None
+    for known_first, known_last, base_offset in state.batches:
+        if known_first == first and known_last == last:
+            return base_offset
+    expected = state.batches[-1][1] + 1 if state.batches else 0
+    if first != expected:
+        raise OutOfOrderSequence(
+            f"producer {batch.producer_id} on stream {batch.stream!r}: batch starts at "
+            f"sequence {first}, expected {expected} (or an exact retry of one of the last "
+            f"{TRACKED_BATCHES} batches)"
+        )
+    return None
+
+
+def advance(
+    state: ProducerStreamState | None, batch: BatchToCommit, base_offset: int
+) -> ProducerStreamState:
+    """The (producer, stream) state after accepting ``batch`` at ``base_offset``."""
+    kept: tuple[tuple[int, int, int], ...] = ()
+    if state is not None and state.epoch == batch.producer_epoch:
+        kept = state.batches[-(TRACKED_BATCHES - 1) :]
+    first = batch.base_sequence
+    entry = (first, first + batch.record_count - 1, base_offset)
+    return ProducerStreamState(batch.producer_epoch, (*kept, entry))

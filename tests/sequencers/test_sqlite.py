@@ -1,0 +1,265 @@
+"""What only the SQLite sequencer promises: many processes, persistence, its schema and
+URL. (Everything every sequencer promises is in ``test_contract.py``.)"""
+
+from __future__ import annotations
+
+import multiprocessing
+import random
+import sqlite3
+import threading
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from disklesslog.errors import InvalidURL, LogClosedError, SequencerError
+from disklesslog.sequencers import BatchToCommit, CommitResult, open_sequencer
+from disklesslog.sequencers.memory import MemorySequencer, reset_memory_sequencers
+from disklesslog.sequencers.sqlite import (
+    TIME_INDEX_INTERVAL,
+    SqliteSequencer,
+    parse_sqlite_url,
+)
+
+SPAWN = multiprocessing.get_context("spawn")
+STREAMS = ("s0", "s1", "s2")
+WORKERS, COMMITS = 4, 150
+
+
+def _barrier(directory: Path, worker: int) -> None:
+    """Wait until every worker process is up, so their commits really interleave."""
+    (directory / f"ready-{worker}").touch()
+    deadline = time.monotonic() + 60
+    while len(list(directory.glob("ready-*"))) < WORKERS and time.monotonic() < deadline:
+        time.sleep(0.005)
+
+
+def commit_worker(
+    path: str, worker: int
+) -> tuple[float, float, list[tuple[str, list[CommitResult]]]]:
+    """One process: commits of one batch per stream, shuffled, with random record
+    counts; every seventh commit is sent twice (a retry) and must come back identical.
+    ``position`` carries the commit number so the parent can check the order."""
+    rng = random.Random(worker)
+    seq = SqliteSequencer(path)
+    producer = seq.init_producer(f"worker-{worker}")
+    _barrier(Path(path).parent, worker)
+    started = time.time()
+    next_seq = dict.fromkeys(STREAMS, 0)
+    done = []
+    for n in range(COMMITS):
+        batches = []
+        for stream in rng.sample(STREAMS, len(STREAMS)):
+            records = rng.randint(1, 3)
+            batches.append(
+                BatchToCommit(stream, n, 10, records, records, n, *producer, next_seq[stream])
+            )
+            next_seq[stream] += records
+        key = f"w{worker}-{n:04d}"
+        results = seq.commit(key, batches)
+        if n % 7 == 0:
+            assert seq.commit(key, batches) == [CommitResult(r.base_offset, True) for r in results]
+        done.append((key, results))
+    seq.close()
+    return started, time.time(), done
+
+
+def test_many_processes_commit_dense_ordered_offsets(tmp_path: Path) -> None:
+    path = str(tmp_path / "meta.db")
+    with SqliteSequencer(path) as seq:
+        for stream in STREAMS:
+            seq.create_stream(stream, {})
+    with ProcessPoolExecutor(WORKERS, mp_context=SPAWN) as pool:
+        runs = list(pool.map(commit_worker, [path] * WORKERS, range(WORKERS)))
+    assert max(start for start, _, _ in runs) < min(end for _, end, _ in runs)  # overlapped
+    answered = {
+        (key, result.base_offset)
+        for _, _, run in runs
+        for key, results in run
+        for result in results
+    }
+    with SqliteSequencer(path) as seq:
+        stored = set()
+        for stream in STREAMS:
+            page = seq.find_batches(stream, 0, 1 << 40)
+            assert len(page.batches) == WORKERS * COMMITS  # retries stored nothing
+            expected_base = 0
+            last_commit: dict[str, int] = {}
+            for b in page.batches:
+                assert b.base_offset == expected_base  # dense: no gap, no overlap
+                expected_base = b.last_offset + 1
+                worker = b.object_key.split("-")[0]
+                assert b.position > last_commit.get(worker, -1)  # each producer in order
+                last_commit[worker] = b.position
+                stored.add((b.object_key, b.base_offset))
+            assert page.end_offset == expected_base
+        assert stored == answered  # every answered offset is where the batch is
+
+
+def test_state_survives_reopening(tmp_path: Path) -> None:
+    url = f"sqlite://{tmp_path}/deep/er/meta.db"
+    with open_sequencer(url) as seq:
+        seq.create_stream("a", {"compression": "zstd"})
+        producer = seq.init_producer("w")
+        first = [BatchToCommit("a", 0, 10, 3, 3, 5, *producer, 0)]
+        seq.commit("o1", first)
+        seq.commit("o2", [BatchToCommit("a", 0, 10, 2, 2, 9)])
+        seq.trim("a", 3)
+        seq.commit_offsets("g", {"a": 4})
+        seq.record_orphan("lost")
+    with open_sequencer(url) as seq:
+        info = seq.stream_info("a")
+        assert (info.start_offset, info.end_offset, info.config) == (3, 5, {"compression": "zstd"})
+        assert [b.object_key for b in seq.find_batches("a", 3, 1000).batches] == ["o2"]
+        assert seq.committed_offsets("g") == {"a": 4}
+        assert sorted(seq.objects_to_delete(0)) == ["lost", "o1"]
+        assert seq.offset_for_time("a", 6) == 3
+        assert seq.init_producer("w") == (producer[0], producer[1] + 1)
+
+
+def test_producer_state_survives_reopening(tmp_path: Path) -> None:
+    path = tmp_path / "meta.db"
+    with SqliteSequencer(path) as seq:
+        seq.create_stream("a", {})
+        producer = seq.init_producer()
+        batch = BatchToCommit("a", 0, 10, 2, 2, 0, *producer, 0)
+        seq.commit("o1", [batch])
+    with SqliteSequencer(path) as seq:
+        assert seq.commit("o1", [batch]) == [CommitResult(0, True)]
+
+
+def test_a_newer_schema_is_refused_untouched(tmp_path: Path) -> None:
+    path = tmp_path / "meta.db"
+    SqliteSequencer(path).close()
+    with sqlite3.connect(path) as db:
+        db.execute("UPDATE meta SET value = '99' WHERE key = 'schema_version'")
+    db.close()
+    with pytest.raises(SequencerError, match="newer disklesslog"):
+        SqliteSequencer(path)
+    with sqlite3.connect(path) as db:
+        assert db.execute("SELECT value FROM meta").fetchall() == [("99",)]
+    db.close()
+
+
+def test_a_foreign_database_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "other.db"
+    with sqlite3.connect(path) as db:
+        db.execute("CREATE TABLE customers (id INTEGER)")
+    db.close()
+    with pytest.raises(SequencerError, match="not a disklesslog sequencer"):
+        SqliteSequencer(path)
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "sqlite://host/meta.db",
+        "sqlite:///",
+        "sqlite:///dir/",
+        "sqlite:///x.db?synchronous=off",
+        "sqlite:///x.db?timeout=soon",
+        "sqlite:///x.db?timeout=-1",
+        "sqlite:///x.db?timeout=nan",
+        "sqlite:///x.db?cache=big",
+        "sqlite:///x.db?timeout=1&timeout=2",
+        "sqlite:///x.db?timeout",
+        "sqlite:///x.db#part",
+        "postgresql:///x.db",
+        "meta.db",
+    ],
+)
+def test_bad_urls_are_refused(url: str) -> None:
+    with pytest.raises(InvalidURL):
+        parse_sqlite_url(url)
+
+
+def test_url_options_are_parsed() -> None:
+    assert parse_sqlite_url("sqlite:///var/a%20b/meta.db") == ("/var/a b/meta.db", "normal", 30.0)
+    assert parse_sqlite_url("SQLITE:///m.db?synchronous=FULL&timeout=2.5") == (
+        "/m.db",
+        "full",
+        2.5,
+    )
+
+
+@pytest.mark.parametrize(
+    "option, pragma", [("", 1), ("?synchronous=normal", 1), ("?synchronous=full", 2)]
+)
+def test_synchronous_option_reaches_every_connection(
+    tmp_path: Path, option: str, pragma: int
+) -> None:
+    with open_sequencer(f"sqlite://{tmp_path}/m.db{option}") as seq:
+        assert isinstance(seq, SqliteSequencer)
+        seen: list[int] = []
+        worker = threading.Thread(
+            target=lambda: seen.append(seq._db().execute("PRAGMA synchronous").fetchone()[0])
+        )
+        worker.start()
+        worker.join()
+        assert seen == [pragma]
+        assert seq._db().execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+
+
+def test_the_url_reopens_the_same_database(tmp_path: Path) -> None:
+    with SqliteSequencer(tmp_path / "odd name%.db", synchronous="full", timeout=3) as seq:
+        seq.create_stream("a", {})
+        url = seq.url
+    assert "synchronous=full" in url and "timeout=3" in url
+    with open_sequencer(url) as again:
+        assert again.list_streams() == ["a"]
+
+
+def test_a_held_write_lock_times_out_cleanly(tmp_path: Path) -> None:
+    path = tmp_path / "m.db"
+    with SqliteSequencer(path, timeout=0.05) as seq:
+        seq.create_stream("a", {})
+        blocker = sqlite3.connect(path, isolation_level=None)
+        blocker.execute("BEGIN IMMEDIATE")
+        started = time.monotonic()
+        with pytest.raises(SequencerError, match="locked"):
+            seq.commit("o1", [BatchToCommit("a", 0, 10, 1, 1, 0)])
+        assert time.monotonic() - started < 5
+        assert seq.stream_info("a").end_offset == 0  # readers are not blocked (WAL)
+        blocker.execute("ROLLBACK")
+        blocker.close()
+        assert seq.commit("o1", [BatchToCommit("a", 0, 10, 1, 1, 0)]) == [CommitResult(0)]
+
+
+def test_use_after_close_raises(tmp_path: Path) -> None:
+    seq = SqliteSequencer(tmp_path / "m.db")
+    seq.close()
+    with pytest.raises(LogClosedError):
+        seq.list_streams()
+
+
+def test_time_index_is_sparse(tmp_path: Path) -> None:
+    with SqliteSequencer(tmp_path / "m.db") as seq:
+        seq.create_stream("a", {})
+        seq.commit("o", [BatchToCommit("a", 0, 1, 1, 1, t) for t in range(4 * TIME_INDEX_INTERVAL)])
+        rows = seq._db().execute("SELECT max_timestamp, next_offset FROM time_index").fetchall()
+        assert rows == [
+            (i * TIME_INDEX_INTERVAL - 1, i * TIME_INDEX_INTERVAL) for i in (1, 2, 3, 4)
+        ]
+        assert seq.offset_for_time("a", 40) == 40
+
+
+def test_open_sequencer_memory_urls_share_state_by_name() -> None:
+    reset_memory_sequencers()
+    first = open_sequencer("memory://shared")
+    assert isinstance(first, MemorySequencer)
+    assert open_sequencer("memory://shared") is first
+    assert open_sequencer("MEMORY://shared") is first
+    assert open_sequencer("memory://other") is not first
+    assert open_sequencer("memory://") is open_sequencer("memory://")
+    first.create_stream("a", {})
+    first.close()  # a shared instance outlives any one user
+    assert open_sequencer(first.url).list_streams() == ["a"]
+    assert MemorySequencer().list_streams() == []  # a private one
+    reset_memory_sequencers()
+    assert open_sequencer("memory://shared").list_streams() == []
+
+
+def test_open_sequencer_rejects_unknown_schemes() -> None:
+    with pytest.raises(InvalidURL, match="memory://"):
+        open_sequencer("etcd://x")
