@@ -31,10 +31,14 @@ def _segments(path: Path, options: dict[str, Any], request: pytest.FixtureReques
     return disklesslog.open(path / "log", **options)
 
 
-def _memory(path: Path, options: dict[str, Any], request: pytest.FixtureRequest) -> AbstractLog:
+def _memory_url(path: Path) -> str:
     # One name per test (derived from its tmp_path), so reopening sees the same log and
     # the memory sequencer registry shares its state, while tests stay apart.
-    return disklesslog.open(f"memory://conformance-{path.name}-{_token(path)}/log", **options)
+    return f"memory://conformance-{path.name}-{_token(path)}/log"
+
+
+def _memory(path: Path, options: dict[str, Any], request: pytest.FixtureRequest) -> AbstractLog:
+    return disklesslog.open(_memory_url(path), **options)
 
 
 def _file_objects(
@@ -92,6 +96,12 @@ class LogFactory:
     def close_all(self) -> None:
         for log in self.opened:
             log.close()
+        if self.backend.open is _memory:  # memory:// is process-wide: free the objects
+            import fsspec
+
+            fs, root = fsspec.core.url_to_fs(_memory_url(self.path))
+            if fs.exists(root):
+                fs.rm(root, recursive=True)
 
 
 @pytest.fixture(params=BACKENDS)

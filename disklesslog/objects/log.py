@@ -14,6 +14,7 @@ import threading
 import weakref
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
+from urllib.parse import quote
 
 from ..api import (
     AbstractLog,
@@ -394,7 +395,7 @@ def _sequencer_for(storage: ObjectStorage, option: Any) -> tuple[Sequencer, bool
         return open_sequencer(f"memory://{storage.root}"), True
     local = storage.local_root()
     if local is not None:
-        return open_sequencer(f"sqlite://{local}/disklesslog-meta.db"), True
+        return open_sequencer(f"sqlite://{quote(local)}/disklesslog-meta.db"), True
     raise ConfigError(
         f"{storage.url} is shared storage: pass sequencer=... with a sequencer every "
         "writer can reach, e.g. sequencer='sqlite:///path/meta.db' for processes on one "

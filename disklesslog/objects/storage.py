@@ -9,6 +9,7 @@ finish, and an upload retried after a lost response writes the same bytes again.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import secrets
@@ -83,6 +84,7 @@ class ObjectStorage:
         self.retry_delay = retry_delay
         protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
         self.url = f"{protocol}://{root}"
+        self._local = os.path.abspath(root) if protocol in ("file", "local") else None
 
     def path(self, key: str) -> str:
         return f"{self.root}/{key}"
@@ -99,7 +101,7 @@ class ObjectStorage:
         for attempt in range(1, self.put_attempts + 1):
             started = time.monotonic()
             try:
-                self.fs.pipe_file(path, data)
+                self._write(path, data)
             except (OSError, TimeoutError) as exc:
                 self.metrics.add("put_errors")
                 if attempt == self.put_attempts:
@@ -112,6 +114,21 @@ class ObjectStorage:
             self.metrics.observe("put", time.monotonic() - started)
             self.metrics.add("put_bytes", len(data))
             return
+
+    def _write(self, path: str, data: bytes) -> None:
+        """One PUT. Object stores make a PUT atomic; on a local (or network) disk the
+        bytes go to a temporary file renamed into place, so nobody reads half an object."""
+        if self._local is None:
+            self.fs.pipe_file(path, data)
+            return
+        temporary = f"{path}.tmp-{secrets.token_hex(8)}"
+        try:
+            self.fs.pipe_file(temporary, data)
+            os.replace(temporary, path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(temporary)
+            raise
 
     def get_range(self, key: str, start: int, end: int) -> bytes:
         """Bytes ``[start, end)`` of an object (fewer at its end). A missing object is
@@ -151,5 +168,4 @@ class ObjectStorage:
 
     def local_root(self) -> str | None:
         """The root as a local directory path, if this is the local filesystem."""
-        protocol = self.fs.protocol if isinstance(self.fs.protocol, str) else self.fs.protocol[0]
-        return os.path.abspath(self.root) if protocol in ("file", "local") else None
+        return self._local

@@ -69,7 +69,7 @@ from .base import (
     Sequencer,
     StreamMeta,
 )
-from .memory import (
+from .common import (
     TIME_INDEX_INTERVAL,
     Clock,
     CommitPlan,
@@ -440,11 +440,7 @@ class SqliteSequencer(Sequencer):
     # ----------------------------------------------------------------- schema
 
     def _prepare_schema(self) -> None:
-        db = self._db()
-        try:
-            mode = db.execute("PRAGMA journal_mode = WAL").fetchone()[0]
-        except sqlite3.Error as exc:
-            raise self._error(exc) from exc
+        mode = self._switch_to_wal()
         if str(mode).lower() != "wal":
             raise SequencerError(
                 f"{self.path}: SQLite could not switch to WAL mode (got {mode!r}); the "
@@ -466,6 +462,26 @@ class SqliteSequencer(Sequencer):
                     "INSERT OR REPLACE INTO meta (key, value) VALUES ('schema_version', ?)",
                     (str(SCHEMA_VERSION),),
                 )
+
+    def _switch_to_wal(self) -> str:
+        """``PRAGMA journal_mode = WAL``, retried: it needs an exclusive lock, and SQLite
+        answers "busy" at once instead of waiting when processes open a new database
+        together (the busy timeout does not apply to this switch)."""
+        db = self._db()
+        deadline = time.monotonic() + self.timeout
+        delay = 0.001
+        while True:
+            try:
+                return str(db.execute("PRAGMA journal_mode = WAL").fetchone()[0])
+            except sqlite3.OperationalError as exc:
+                text = str(exc)
+                if ("locked" in text or "busy" in text) and time.monotonic() < deadline:
+                    time.sleep(delay)
+                    delay = min(delay * 2, 0.1)
+                    continue
+                raise self._error(exc) from exc
+            except sqlite3.Error as exc:
+                raise self._error(exc) from exc
 
     # ---------------------------------------------------------------- streams
 

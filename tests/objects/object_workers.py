@@ -34,3 +34,8 @@ def two_writers(url: str, process: int, per_writer: int) -> list[tuple[str, int,
         for thread in threads:
             thread.join()
     return acked
+
+
+def open_new_and_append(url: str, tag: int) -> int:
+    with disklesslog.open(url, backend="objects") as log:
+        return log.stream("s").append(b"%d" % tag)

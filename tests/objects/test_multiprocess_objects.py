@@ -52,3 +52,14 @@ def test_four_processes_with_two_writers_each(tmp_path: Path) -> None:
 @pytest.mark.parametrize("round_no", range(5))
 def test_four_processes_with_two_writers_each_repeatedly(tmp_path: Path, round_no: int) -> None:
     _race(tmp_path, processes=4, per_writer=3000)
+
+
+def test_many_processes_create_one_new_object_log_at_once(tmp_path: Path) -> None:
+    from object_workers import open_new_and_append
+
+    with ProcessPoolExecutor(8, mp_context=SPAWN) as pool:
+        pool.submit(int).result()  # start the workers before the race
+        for attempt in range(15):
+            url = f"file://{tmp_path}/new-{attempt}"
+            futures = [pool.submit(open_new_and_append, url, t) for t in range(8)]
+            assert sorted(f.result(timeout=60) for f in futures) == list(range(8))

@@ -1,0 +1,255 @@
+"""What every sequencer shares beyond the producer rules: argument checks, the commit
+planner, and the checks for replacing batches.
+
+The memory sequencer applies them to its dicts, the SQL sequencers to the rows they load
+inside a transaction: the same logic, so every implementation behaves alike under the
+conformance suite.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Hashable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..api import validate_group_name, validate_stream_name
+from ..errors import ConfigError, OffsetOutOfRange, SequencerError, StreamNotFound
+from .base import NO_PRODUCER, BatchLocation, BatchToCommit, CommitResult
+from .producers import ProducerStreamState, advance, decide
+
+__all__ = [
+    "TIME_INDEX_INTERVAL",
+    "Clock",
+    "CommitPlan",
+    "StreamCursor",
+    "check_batches",
+    "check_keys",
+    "check_new_batches",
+    "check_object_key",
+    "check_offsets",
+    "check_old_ids",
+    "check_position",
+    "config_copy",
+    "not_contiguous",
+    "out_of_range",
+    "plan_commit",
+    "time_index_repair",
+]
+
+TIME_INDEX_INTERVAL = 16
+"""Batches per stream between two time-index entries: bounds offset_for_time's scan
+while costing one small entry per 16 batches committed."""
+
+Clock = Callable[[], float]
+"""Seconds since the epoch; injectable so tests can move time for garbage collection."""
+
+# --------------------------------------------------------------------------- shared
+
+
+def check_object_key(key: object) -> str:
+    """An object key is a non-empty str: it is how garbage collection finds the object."""
+    if not isinstance(key, str) or not key:
+        raise ConfigError(f"an object key must be a non-empty str, not {key!r}")
+    return key
+
+
+def check_position(value: object, what: str) -> int:
+    """An int offset argument (``bool`` is refused: it is a mistake, never an offset)."""
+    if type(value) is not int:
+        raise ConfigError(f"{what} must be an int, not {type(value).__name__}")
+    return value
+
+
+def check_keys(object_keys: Sequence[str]) -> Sequence[str]:
+    """A sequence of object keys (a lone str would be taken apart character by character)."""
+    if isinstance(object_keys, str):
+        raise ConfigError("pass a list of object keys, not a single str")
+    return object_keys
+
+
+def check_batches(batches: Sequence[BatchToCommit]) -> Sequence[BatchToCommit]:
+    """Refuse batch descriptions no writer produces before anything is looked up, so a
+    bad one cannot leave a hole or an overlapping offset range behind. Returns them as
+    a sequence that can be walked twice."""
+    if not isinstance(batches, (list, tuple)):
+        batches = list(batches)
+    for b in batches:
+        if not isinstance(b, BatchToCommit):
+            raise SequencerError(f"commit takes BatchToCommit items, not {type(b).__name__}")
+        if b.position < 0 or b.size < 0 or b.span < 1 or not 0 <= b.record_count <= b.span:
+            raise SequencerError(
+                f"malformed batch for stream {b.stream!r}: position={b.position} "
+                f"size={b.size} span={b.span} record_count={b.record_count} (need "
+                "position >= 0, size >= 0, span >= 1 and 0 <= record_count <= span)"
+            )
+    return batches
+
+
+def check_offsets(group: str, offsets: Mapping[str, int]) -> dict[str, int]:
+    """Validate a consumer group's offsets; returns a plain dict copy."""
+    validate_group_name(group)
+    if not isinstance(offsets, Mapping):
+        raise ConfigError("offsets must be a mapping of stream name to next offset")
+    checked: dict[str, int] = {}
+    for name, offset in offsets.items():
+        validate_stream_name(name)
+        if check_position(offset, f"offset of {name!r}") < 0:
+            raise OffsetOutOfRange(
+                f"offset of {name!r} is {offset}; offsets start at 0",
+                start_offset=0,
+                end_offset=-1,
+            )
+        checked[name] = offset
+    return checked
+
+
+def config_copy(config: Mapping[str, Any]) -> tuple[dict[str, Any], str]:
+    """A stream config as stored: a JSON round trip, so every sequencer hands back the
+    same plain dict (lists, not tuples) whatever the caller passed. Returns (dict, json)."""
+    if not isinstance(config, Mapping):
+        raise ConfigError(f"a stream config must be a mapping, not {type(config).__name__}")
+    try:
+        text = json.dumps(dict(config), sort_keys=True)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"a stream config must be JSON-serialisable: {exc}") from None
+    return json.loads(text), text
+
+
+@dataclass
+class StreamCursor:
+    """One stream's mutable extent during a commit: a private copy, so a rejected
+    commit simply drops it. ``key`` is what the sequencer finds the stream by."""
+
+    key: Hashable
+    end: int
+    max_timestamp: int | None
+    unindexed: int
+    dirty: bool = False
+
+
+@dataclass
+class CommitPlan:
+    """What a commit will store, computed before anything is written.
+
+    ``accepted``: (cursor, batch, base_offset) of batches to store, in order.
+    ``states``: every (stream key, producer id) state after the commit (changed ones only).
+    ``time_index``: (cursor, running max timestamp, next offset) entries to add.
+    """
+
+    results: list[CommitResult] = field(default_factory=list)
+    accepted: list[tuple[StreamCursor, BatchToCommit, int]] = field(default_factory=list)
+    states: dict[tuple[Hashable, int], ProducerStreamState] = field(default_factory=dict)
+    time_index: list[tuple[StreamCursor, int, int]] = field(default_factory=list)
+
+
+def plan_commit(
+    batches: Sequence[BatchToCommit],
+    streams: Mapping[str, StreamCursor],
+    epochs: Mapping[int, int],
+    states: Mapping[tuple[Hashable, int], ProducerStreamState],
+    index_interval: int,
+) -> CommitPlan:
+    """Judge every batch of a commit and assign offsets, without side effects.
+
+    ``streams`` maps each named stream to a cursor (a missing one raises
+    StreamNotFound), ``epochs`` producer ids to their current epoch, ``states`` the
+    stored (stream key, producer id) states. Producer state is threaded from batch to
+    batch, so two batches of one producer on one stream in one commit are judged in
+    order. Any rejection raises before the caller has written anything.
+
+    Every ``index_interval``-th stored batch of a stream adds a time-index entry
+    ``(running max timestamp, next offset)``: no batch below ``next offset`` has a
+    later timestamp, so :meth:`Sequencer.offset_for_time` may start scanning there.
+    """
+    plan = CommitPlan()
+    for b in batches:
+        cursor = streams.get(b.stream)
+        if cursor is None:
+            raise StreamNotFound(f"stream {b.stream!r} does not exist; create it first")
+        state_key: tuple[Hashable, int] | None = None
+        state: ProducerStreamState | None = None
+        if b.producer_id != NO_PRODUCER:
+            state_key = (cursor.key, b.producer_id)
+            state = plan.states[state_key] if state_key in plan.states else states.get(state_key)
+            duplicate_of = decide(state, epochs.get(b.producer_id), b)
+            if duplicate_of is not None:
+                plan.results.append(CommitResult(duplicate_of, duplicate=True))
+                continue
+        base = cursor.end
+        cursor.end = base + b.span
+        cursor.dirty = True
+        if state_key is not None:
+            plan.states[state_key] = advance(state, b, base)
+        plan.accepted.append((cursor, b, base))
+        plan.results.append(CommitResult(base))
+        if cursor.max_timestamp is None or b.max_timestamp > cursor.max_timestamp:
+            cursor.max_timestamp = b.max_timestamp
+        cursor.unindexed += 1
+        if cursor.unindexed >= index_interval:
+            plan.time_index.append((cursor, cursor.max_timestamp, cursor.end))
+            cursor.unindexed = 0
+    return plan
+
+
+def check_new_batches(
+    stream: str, olds: Sequence[BatchLocation], news: Sequence[BatchLocation]
+) -> None:
+    """Replacements must lie inside the offsets of the (contiguous) batches they replace,
+    in order and without overlapping, or readers would see offsets twice or vanish."""
+    low = min(b.base_offset for b in olds)
+    high = max(b.last_offset for b in olds)
+    previous_last = low - 1
+    for b in news:
+        if not isinstance(b, BatchLocation):
+            raise SequencerError(f"new batches are BatchLocation items, not {type(b).__name__}")
+        check_object_key(b.object_key)
+        if b.position < 0 or b.size < 0 or b.last_offset < b.base_offset:
+            raise SequencerError(f"malformed replacement batch for stream {stream!r}: {b}")
+        if b.base_offset <= previous_last or b.last_offset > high:
+            raise SequencerError(
+                f"replacement batches for stream {stream!r} must be in offset order, not "
+                f"overlap, and stay within offsets {low}..{high} of the batches they replace"
+            )
+        previous_last = b.last_offset
+
+
+def time_index_repair(news: Sequence[BatchLocation]) -> tuple[int, int] | None:
+    """``(highest new timestamp, first new offset)`` after a replacement, or None.
+
+    A time-index entry ``(ts, next_offset)`` promises that no batch below
+    ``next_offset`` is later than ``ts``. Compaction and merging keep every record's
+    timestamp, so they keep that promise; a rewriter that does not could hide its batch
+    from :meth:`Sequencer.offset_for_time`. So every replacement drops the entries it
+    could break, those with ``next_offset`` above the first new offset and ``ts`` below
+    the highest new timestamp (entries rise in both, so they are one run just below
+    that timestamp), and raises the stream's running maximum. Cheap and always safe.
+    """
+    if not news:
+        return None
+    return max(b.max_timestamp for b in news), news[0].base_offset
+
+
+def check_old_ids(old_batch_ids: Sequence[int]) -> list[int]:
+    ids = list(old_batch_ids)
+    if not ids or len(set(ids)) != len(ids):
+        raise SequencerError("replace_batches needs distinct ids of at least one batch")
+    for i in ids:
+        check_position(i, "a batch id")
+    return ids
+
+
+def not_contiguous(stream: str) -> SequencerError:
+    return SequencerError(
+        f"replace_batches on {stream!r}: the batches to replace must be contiguous (no other "
+        "live batch between them); replace each run separately"
+    )
+
+
+def out_of_range(stream: str, offset: int, start: int, end: int) -> OffsetOutOfRange:
+    where = "was trimmed (below the start offset)" if offset < start else "does not exist yet"
+    return OffsetOutOfRange(
+        f"offset {offset} of stream {stream!r} {where}; valid offsets are {start}..{end}",
+        start_offset=start,
+        end_offset=end,
+    )
