@@ -36,6 +36,7 @@ __all__ = [
     "Stream",
     "StreamInfo",
     "check_offset",
+    "check_read_arguments",
     "validate_group_name",
     "validate_stream_name",
 ]
@@ -78,6 +79,16 @@ def check_offset(value: object, what: str) -> int:
             f"{what}={value} is negative; offsets start at 0", start_offset=0, end_offset=-1
         )
     return value
+
+
+def check_read_arguments(start: object, end: object, max_records: object) -> None:
+    """Raise the typed error for bad ``read``/``read_batches`` arguments (every backend)."""
+    if start is not None:
+        check_offset(start, "start")
+    if end is not None:
+        check_offset(end, "end")
+    if max_records is not None and (type(max_records) is not int or max_records < 0):
+        raise ConfigError("max_records must be a non-negative int or None")
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,6 @@ and one commit. There is no leader and no broker.
 from __future__ import annotations
 
 import contextlib
-import json
 import threading
 import weakref
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -21,6 +20,7 @@ from ..api import (
     Stream,
     StreamInfo,
     check_offset,
+    check_read_arguments,
     validate_group_name,
     validate_stream_name,
 )
@@ -31,6 +31,7 @@ from ..errors import (
     StreamExistsError,
     StreamNotFound,
 )
+from ..markers import MARKER, check_marker, marker_bytes
 from ..metrics import Metrics
 from ..records import RecordBatch
 from ..sequencers import Sequencer, open_sequencer
@@ -41,8 +42,8 @@ from .writer import ObjectWriter
 
 __all__ = ["ObjectLog", "ObjectStream"]
 
-MARKER = "disklesslog.json"
-MARKER_CONTENT = {"format": "disklesslog-objects", "version": 1}
+KIND = "disklesslog-objects"
+VERSION = 1
 DEFAULT_LINGER_MS = 100
 DEFAULT_MAX_OBJECT_BYTES = 8 << 20
 APPEND_LINGER_MS = 0  # Stream.append: flush as soon as the previous flush is done
@@ -87,21 +88,12 @@ class ObjectLog(AbstractLog):
     def _check_marker(self, *, create: bool) -> None:
         """Refuse a location that holds another kind of log; mark a new one as ours."""
         if self.storage.exists(MARKER):
-            try:
-                content = json.loads(self.storage.read_small(MARKER))
-            except ValueError as exc:
-                raise InvalidURL(f"{self.url}/{MARKER} is unreadable: {exc}") from None
-            if not isinstance(content, dict) or content.get("format") != MARKER_CONTENT["format"]:
-                raise InvalidURL(f"{self.url} holds a log of another kind: {content!r}")
-            if content.get("version") != MARKER_CONTENT["version"]:
-                raise InvalidURL(
-                    f"{self.url} is a version {content.get('version')} objects log; this "
-                    f"disklesslog reads version {MARKER_CONTENT['version']}"
-                )
+            raw = self.storage.read_small(MARKER)
+            check_marker(raw, kind=KIND, version=VERSION, where=self.url)
             return
         if not create:
             raise InvalidURL(f"{self.url} is not a log (no {MARKER}; opened with create=False)")
-        self.storage.write_small(MARKER, json.dumps(MARKER_CONTENT).encode() + b"\n")
+        self.storage.write_small(MARKER, marker_bytes(KIND, VERSION))
 
     # ----------------------------------------------------------------- streams
 
@@ -297,12 +289,7 @@ class ObjectStream(Stream):
         self, start: int | None = None, end: int | None = None, *, max_records: int | None = None
     ) -> Iterator[RecordBatch]:
         self._log._check_open()
-        if start is not None:
-            check_offset(start, "start")
-        if end is not None:
-            check_offset(end, "end")
-        if max_records is not None and (type(max_records) is not int or max_records < 0):
-            raise ConfigError("max_records must be a non-negative int or None")
+        check_read_arguments(start, end, max_records)
         return reader.read_batches(self._log, self._name, start, end, max_records)
 
     def offset_for_time(self, timestamp_ms: int) -> int | None:

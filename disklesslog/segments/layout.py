@@ -16,7 +16,6 @@ the log directory.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import shutil
 import struct
@@ -24,13 +23,13 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from ..errors import InvalidURL
 from ..format import crc32c
+from ..markers import MARKER, check_marker, marker_bytes
 
-MARKER = "disklesslog.json"
-MARKER_CONTENT = {"format": "disklesslog-segments", "version": 1}
+KIND = "disklesslog-segments"
+VERSION = 1
 STREAMS = "streams"
 TMP = "tmp"
 CONFIG = "stream.json"
@@ -121,7 +120,7 @@ def write_marker(root: Path) -> None:
     marker = root / MARKER
     if not marker.exists():
         tmp = root / TMP / f"{MARKER}.{os.getpid()}.{threading.get_ident()}"
-        tmp.write_text(json.dumps(MARKER_CONTENT) + "\n")
+        tmp.write_bytes(marker_bytes(KIND, VERSION))
         os.replace(tmp, marker)
 
 
@@ -148,17 +147,7 @@ def check_log_directory(root: Path, *, create: bool) -> None:
             raise InvalidURL(f"{root} is not a log: it {what} (opened with create=False)")
         root.mkdir(parents=True, exist_ok=True)
         write_marker(root)
-    try:
-        content: Any = json.loads(marker.read_text())
-    except (OSError, ValueError) as exc:
-        raise InvalidURL(f"{marker} is unreadable: {exc}") from None
-    if not isinstance(content, dict) or content.get("format") != MARKER_CONTENT["format"]:
-        raise InvalidURL(f"{root} holds a log of another kind: {content!r}")
-    if content.get("version") != MARKER_CONTENT["version"]:
-        raise InvalidURL(
-            f"{root} is a version {content.get('version')} log; this disklesslog reads "
-            f"version {MARKER_CONTENT['version']}"
-        )
+    check_marker(marker.read_bytes(), kind=KIND, version=VERSION, where=str(root))
     (root / STREAMS).mkdir(exist_ok=True)
     (root / TMP).mkdir(exist_ok=True)
 

@@ -37,6 +37,7 @@ from ..api import (
     Stream,
     StreamInfo,
     check_offset,
+    check_read_arguments,
     validate_group_name,
     validate_stream_name,
 )
@@ -407,12 +408,7 @@ class SegmentStream(Stream):
     def read_batches(
         self, start: int | None = None, end: int | None = None, *, max_records: int | None = None
     ) -> Iterator[RecordBatch]:
-        if start is not None:
-            check_offset(start, "start")
-        if end is not None:
-            check_offset(end, "end")
-        if max_records is not None and (type(max_records) is not int or max_records < 0):
-            raise ConfigError("max_records must be a non-negative int or None")
+        check_read_arguments(start, end, max_records)
         return self._log._with_store(
             self._name, lambda s: reader.read_batches(s, start, end, max_records), create=False
         )
