@@ -43,6 +43,7 @@ import functools
 import json
 import math
 import os
+import random
 import sqlite3
 import threading
 import time
@@ -104,6 +105,8 @@ SCHEMA_VERSION = 1
 SYNCHRONOUS_MODES = ("normal", "full")
 
 _WRITE = "BEGIN IMMEDIATE"
+_LOCK_RETRY_FIRST = 0.0005  # seconds; retries of a held write lock grow to _LOCK_RETRY_MAX
+_LOCK_RETRY_MAX = 0.005
 _SNAPSHOT = "BEGIN"
 _AUTOCHECKPOINT_PAGES = 8000
 """WAL pages between checkpoints (SQLite's default is 1000). A commit rewrites the same
@@ -235,12 +238,19 @@ def open_sqlite_sequencer(url: str) -> SqliteSequencer:
 
 class _Connection:
     """A thread's connection; a weak-referenceable holder, so :meth:`close` finds every
-    open one while a finished thread's connection is still freed with its thread."""
+    open one while a finished thread's connection is still freed with its thread.
 
-    __slots__ = ("__weakref__", "db")
+    ``lock`` is held for the whole of each transaction, and :meth:`SqliteSequencer.close`
+    takes it before closing: closing a connection another thread is using crashes the
+    process (SQLite frees memory that thread is still reading).
+    """
+
+    __slots__ = ("__weakref__", "closed", "db", "lock")
 
     def __init__(self, db: sqlite3.Connection) -> None:
         self.db = db
+        self.lock = threading.RLock()
+        self.closed = False
 
 
 _LIVE: weakref.WeakSet[SqliteSequencer] = weakref.WeakSet()
@@ -284,6 +294,11 @@ class _StateCache:
         if len(self._entries) >= self.LIMIT:
             self._entries.clear()  # crude but bounded; a miss only costs a decode
         self._entries[key] = (text, state)
+
+
+def _is_busy(exc: sqlite3.Error) -> bool:
+    text = str(exc)
+    return "locked" in text or "busy" in text
 
 
 @functools.lru_cache(maxsize=64)
@@ -345,11 +360,11 @@ class SqliteSequencer(Sequencer):
 
     # ------------------------------------------------------------ connections
 
-    def _db(self) -> sqlite3.Connection:
+    def _holder(self) -> _Connection:
         holder: _Connection | None = getattr(self._local, "connection", None)
         if holder is None:
             holder = self._connect()
-        return holder.db
+        return holder
 
     def _connect(self) -> _Connection:
         if self._closed:
@@ -385,15 +400,18 @@ class SqliteSequencer(Sequencer):
         self._lock = threading.Lock()
 
     def close(self) -> None:
-        """Close every thread's connection. Call it once no thread still uses this
-        sequencer; later calls raise LogClosedError. Idempotent."""
+        """Close every thread's connection, each once its current transaction (if any)
+        has finished; later calls raise LogClosedError. Idempotent, and safe while other
+        threads are still using the sequencer."""
         with self._lock:
             self._closed = True
             holders = list(self._connections)
             self._connections = weakref.WeakSet()
         for holder in holders:
-            with contextlib.suppress(sqlite3.Error):
-                holder.db.close()
+            with holder.lock:
+                holder.closed = True
+                with contextlib.suppress(sqlite3.Error):
+                    holder.db.close()
         _LIVE.discard(self)
 
     @contextlib.contextmanager
@@ -401,23 +419,51 @@ class SqliteSequencer(Sequencer):
         """One transaction: ``BEGIN IMMEDIATE`` for mutations (write lock up front),
         plain ``BEGIN`` for multi-statement reads (one consistent snapshot). Any
         exception rolls back, so nothing of a failed call is applied."""
-        db = self._db()
-        try:
-            db.execute(begin)
-        except sqlite3.Error as exc:
-            raise self._error(exc) from exc
-        try:
-            yield db
-        except BaseException as exc:
-            self._rollback(db)
-            if isinstance(exc, sqlite3.Error):
+        holder = self._holder()
+        with holder.lock:
+            if holder.closed or self._closed:
+                raise LogClosedError(f"{self!r} was closed")
+            db = holder.db
+            self._begin(db, begin)
+            try:
+                yield db
+            except BaseException as exc:
+                self._rollback(db)
+                if isinstance(exc, sqlite3.Error):
+                    raise self._error(exc) from exc
+                raise
+            try:
+                db.execute("COMMIT")
+            except sqlite3.Error as exc:
+                self._rollback(db)
                 raise self._error(exc) from exc
-            raise
+
+    def _begin(self, db: sqlite3.Connection, begin: str) -> None:
+        """Start a transaction. Writers wait for the write lock with short, jittered
+        retries rather than SQLite's busy handler, whose sleeps grow to 100 ms: with it, a
+        waiting process keeps losing the lock to processes that never sleep."""
+        if begin != _WRITE:
+            try:
+                db.execute(begin)
+            except sqlite3.Error as exc:
+                raise self._error(exc) from exc
+            return
+        db.execute("PRAGMA busy_timeout = 0")
         try:
-            db.execute("COMMIT")
-        except sqlite3.Error as exc:
-            self._rollback(db)
-            raise self._error(exc) from exc
+            deadline = time.monotonic() + self.timeout
+            delay = _LOCK_RETRY_FIRST
+            while True:
+                try:
+                    db.execute(_WRITE)
+                    return
+                except sqlite3.OperationalError as exc:
+                    if _is_busy(exc) and time.monotonic() < deadline:
+                        time.sleep(delay * (0.5 + random.random()))
+                        delay = min(delay * 1.5, _LOCK_RETRY_MAX)
+                        continue
+                    raise self._error(exc) from exc
+        finally:
+            db.execute(f"PRAGMA busy_timeout = {int(self.timeout * 1000)}")
 
     @staticmethod
     def _rollback(db: sqlite3.Connection) -> None:
@@ -467,21 +513,21 @@ class SqliteSequencer(Sequencer):
         """``PRAGMA journal_mode = WAL``, retried: it needs an exclusive lock, and SQLite
         answers "busy" at once instead of waiting when processes open a new database
         together (the busy timeout does not apply to this switch)."""
-        db = self._db()
+        holder = self._holder()
         deadline = time.monotonic() + self.timeout
         delay = 0.001
-        while True:
-            try:
-                return str(db.execute("PRAGMA journal_mode = WAL").fetchone()[0])
-            except sqlite3.OperationalError as exc:
-                text = str(exc)
-                if ("locked" in text or "busy" in text) and time.monotonic() < deadline:
-                    time.sleep(delay)
-                    delay = min(delay * 2, 0.1)
-                    continue
-                raise self._error(exc) from exc
-            except sqlite3.Error as exc:
-                raise self._error(exc) from exc
+        with holder.lock:
+            while True:
+                try:
+                    return str(holder.db.execute("PRAGMA journal_mode = WAL").fetchone()[0])
+                except sqlite3.OperationalError as exc:
+                    if _is_busy(exc) and time.monotonic() < deadline:
+                        time.sleep(delay)
+                        delay = min(delay * 2, 0.1)
+                        continue
+                    raise self._error(exc) from exc
+                except sqlite3.Error as exc:
+                    raise self._error(exc) from exc
 
     # ---------------------------------------------------------------- streams
 

@@ -193,12 +193,12 @@ def test_synchronous_option_reaches_every_connection(
         assert isinstance(seq, SqliteSequencer)
         seen: list[int] = []
         worker = threading.Thread(
-            target=lambda: seen.append(seq._db().execute("PRAGMA synchronous").fetchone()[0])
+            target=lambda: seen.append(seq._holder().db.execute("PRAGMA synchronous").fetchone()[0])
         )
         worker.start()
         worker.join()
         assert seen == [pragma]
-        assert seq._db().execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+        assert seq._holder().db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
 
 
 def test_the_url_reopens_the_same_database(tmp_path: Path) -> None:
@@ -237,7 +237,9 @@ def test_time_index_is_sparse(tmp_path: Path) -> None:
     with SqliteSequencer(tmp_path / "m.db") as seq:
         seq.create_stream("a", {})
         seq.commit("o", [BatchToCommit("a", 0, 1, 1, 1, t) for t in range(4 * TIME_INDEX_INTERVAL)])
-        rows = seq._db().execute("SELECT max_timestamp, next_offset FROM time_index").fetchall()
+        rows = (
+            seq._holder().db.execute("SELECT max_timestamp, next_offset FROM time_index").fetchall()
+        )
         assert rows == [
             (i * TIME_INDEX_INTERVAL - 1, i * TIME_INDEX_INTERVAL) for i in (1, 2, 3, 4)
         ]
@@ -263,3 +265,38 @@ def test_open_sequencer_memory_urls_share_state_by_name() -> None:
 def test_open_sequencer_rejects_unknown_schemes() -> None:
     with pytest.raises(InvalidURL, match="memory://"):
         open_sequencer("etcd://x")
+
+
+def test_close_while_other_threads_commit_and_read(tmp_path: Path) -> None:
+    """Closing must wait for transactions in flight: closing a connection another thread
+    is using crashes the process. The others then get LogClosedError, nothing worse."""
+    import threading
+
+    from disklesslog import LogClosedError
+    from disklesslog.sequencers.base import BatchToCommit
+
+    for round_no in range(5):
+        seq = open_sequencer(f"sqlite://{tmp_path}/close-{round_no}.db")
+        seq.create_stream("s", {})
+        outcomes: list[str] = []
+
+        def work(n: int, seq=seq, outcomes=outcomes) -> None:
+            pid, epoch = seq.init_producer(None)
+            try:
+                for i in range(10_000):
+                    if n % 2:
+                        seq.find_batches("s", 0, 1 << 20)
+                    else:
+                        batch = BatchToCommit("s", 0, 10, 1, 1, 1, pid, epoch, i)
+                        seq.commit(f"objects/{n}-{i}", [batch])
+            except LogClosedError:
+                outcomes.append("closed")
+
+        threads = [threading.Thread(target=work, args=(n,)) for n in range(4)]
+        for thread in threads:
+            thread.start()
+        time.sleep(0.05)
+        seq.close()
+        for thread in threads:
+            thread.join(30)
+        assert outcomes == ["closed"] * 4
