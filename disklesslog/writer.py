@@ -15,6 +15,7 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Sequence
 from concurrent.futures import Future
+from concurrent.futures._base import FINISHED as _FINISHED
 from concurrent.futures._base import PENDING as _PENDING
 from dataclasses import dataclass, field
 from types import TracebackType
@@ -52,6 +53,45 @@ class _BatchFuture(Future[int]):
 
     def cancel(self) -> bool:
         return False
+
+
+def _settle_batch(
+    condition: threading.Condition,
+    futures: Sequence[Future[int]],
+    *,
+    first_offset: int | None = None,
+    error: BaseException | None = None,
+) -> None:
+    """Resolve every future of one batch: offsets from ``first_offset`` up, or ``error``.
+
+    With :class:`_BatchFuture` the states are set while the batch's shared condition is
+    held, with one ``notify_all`` for the whole batch (``set_result`` would notify per
+    future: most of a flush's cost); done-callbacks then run after the condition is
+    released. Plain futures are resolved one by one.
+    """
+    if _new_future is not _BatchFuture:
+        for offset, future in enumerate(futures, first_offset or 0):
+            if error is None:
+                future.set_result(offset)
+            else:
+                future.set_exception(error)
+        return
+    with condition:
+        for offset, future in enumerate(futures, first_offset or 0):
+            if error is None:
+                future._result = offset
+            else:
+                future._exception = error
+            future._state = _FINISHED
+            for waiter in future._waiters:
+                if error is None:
+                    waiter.add_result(future)
+                else:
+                    waiter.add_exception(future)
+        condition.notify_all()
+    for future in futures:
+        if future._done_callbacks:  # type: ignore[attr-defined]
+            future._invoke_callbacks()  # type: ignore[attr-defined]
 
 
 def _plain_future(condition: threading.Condition) -> Future[int]:
@@ -402,10 +442,8 @@ class Writer(ABC):
         for part, base in zip(parts, bases):
             if isinstance(part, _Whole):
                 part.future.set_result(list(range(base, base + part.record_count)))
-                continue
-            with part.condition:  # resolve the batch at once (see _BatchFuture)
-                for offset, future in enumerate(part.futures, base):
-                    future.set_result(offset)
+            else:
+                _settle_batch(part.condition, part.futures, first_offset=base)
 
     def _fail(self, parts: Sequence[_Part], exc: BaseException) -> None:
         if not isinstance(exc, DisklessLogError | OSError):
@@ -416,7 +454,5 @@ class Writer(ABC):
         for part in parts:
             if isinstance(part, _Whole):
                 part.future.set_exception(exc)
-                continue
-            with part.condition:
-                for future in part.futures:
-                    future.set_exception(exc)
+            else:
+                _settle_batch(part.condition, part.futures, error=exc)
