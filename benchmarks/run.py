@@ -1,14 +1,17 @@
-"""disklesslog benchmarks: local-log throughput beside raw-file limits and peer libraries.
+"""disklesslog benchmarks: local-log throughput beside raw-file limits and peer libraries,
+and the object-storage backend (PUTs per flush, acknowledgement latency, sequencer
+commits, cached reads) on memory:// and a local moto S3 server.
 
 Run with ``./dev bench`` (installs the ``bench`` extra, persist-queue, then runs this):
 
-    ./dev bench                      all workloads, 5 repetitions + 1 warm-up (about 2 minutes)
-    ./dev bench --quick              small counts, 2 repetitions: a smoke run (about 15 s)
+    ./dev bench                      all workloads, 5 repetitions + 1 warm-up (about 5 minutes)
+    ./dev bench --quick              small counts, 2 repetitions: a smoke run (about 35 s)
     ./dev bench --only read          one workload (repeat --only for several); --list names them
     ./dev bench --out results.json   also write every measurement as JSON
     ./dev bench --markdown           also print the tables as Markdown (docs/benchmarks.md)
     ./dev bench --wait-quiet 20      on a shared machine: wait for other processes to go idle
     ./dev bench --profile single     cProfile one run of each disklesslog variant of a workload
+    ./dev bench --only objects       the four object-storage workloads (objects.py; ~2.5 minutes)
 
 Every workload runs in a temporary directory (``--dir`` chooses where; the default is
 the system temp dir), removed at the end. Each repetition runs all variants of a
@@ -37,6 +40,8 @@ from itertools import cycle, islice
 from pathlib import Path
 from typing import Any
 
+import measured
+import objects as obj
 import peers
 import workloads as wl
 from common import (
@@ -428,6 +433,7 @@ def all_groups(plan: Plan) -> list[Group]:
         writer_group(plan),
         read_group(plan),
         recovery_group(plan),
+        *obj.object_groups(plan),
     ]
 
 
@@ -477,8 +483,11 @@ def markdown(results: list[GroupResult], reps: int) -> str:
         out.append(f"### {result.group.title}\n")
         if result.group.note:
             out.append(f"{result.group.note}\n")
-        out.append(md_table(result))
+        is_measured = isinstance(result, measured.MeasuredResult)
+        out.append(measured.measured_markdown(result) if is_measured else md_table(result))
         lines = [f"- {a} / {b}: **{r:,.2f}x**" for a, b, r in result.peer_ratios()]
+        if is_measured:
+            lines += [f"- {text}" for text in result.summary_lines()]
         for goal, value, met in result.goal_outcomes():
             lines.append(f"- goal: **{result.goal_line(goal, value, met)}**")
         if lines:
@@ -526,6 +535,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{group.key:16} {group.title}")
         return 0
     wanted = args.only or ([args.profile] if args.profile else names)
+    if "objects" in wanted:  # shorthand for the object-storage workloads
+        wanted = [w for w in wanted if w != "objects"] + list(obj.GROUP_KEYS)
     unknown = sorted(set(wanted) - set(names))
     if unknown:
         parser.error(f"unknown workload(s) {unknown}; choose from {names}")
@@ -550,9 +561,14 @@ def main(argv: list[str] | None = None) -> int:
             print(f"\n== {group.key}: {group.title}")
             if group.note:
                 print(f"   {group.note}")
-            result = run_group(group, reps, scratch, args.warmup, args.wait_quiet)
-            results.append(result)
-            print(console_table(result), flush=True)
+            if isinstance(group, measured.MeasuredGroup):
+                done = measured.run_measured(group, reps, scratch, args.warmup, args.wait_quiet)
+                results.append(done)
+                print(measured.measured_console(done), flush=True)
+            else:
+                result = run_group(group, reps, scratch, args.warmup, args.wait_quiet)
+                results.append(result)
+                print(console_table(result), flush=True)
         total = time.perf_counter() - started
 
     print(f"\n{len(results)} workloads, {reps} repetitions each, {total:.0f} s")
