@@ -32,9 +32,6 @@ import math
 import multiprocessing
 import os
 import queue
-import socket
-import subprocess
-import sys
 import threading
 import time
 import uuid
@@ -100,12 +97,6 @@ class S3:
         self.fs.invalidate_cache()
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 @contextmanager
 def moto_s3() -> Iterator[S3]:
     """Start ``python -m moto.server`` on a free local port; stop it however we leave."""
@@ -120,36 +111,13 @@ def moto_s3() -> Iterator[S3]:
             "the object-storage benchmarks need moto[server] and s3fs: "
             "pip install -e '.[dev]' (./dev bench installs them)"
         ) from None
-    from disklesslog.testing import s3_storage_options
+    from disklesslog.testing import moto_s3_server, s3_storage_options
 
-    port = _free_port()
-    server = subprocess.Popen(
-        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), 0.2).close()
-                break
-            except OSError:
-                if server.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError("the moto S3 server did not start") from None
-                time.sleep(0.05)
-        endpoint = f"http://127.0.0.1:{port}"
+    with moto_s3_server() as endpoint:
         options = s3_storage_options(endpoint)
         # A private instance (skip_instance_cache): the logs' s3fs instances stay separate.
         fs = s3fs.S3FileSystem(**options, skip_instance_cache=True)
         yield S3(endpoint, options, fs)
-    finally:
-        server.terminate()
-        try:
-            server.wait(10)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait()
 
 
 @contextmanager

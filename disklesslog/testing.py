@@ -30,6 +30,7 @@ testing retries, lost responses and latency without a network.
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import subprocess
 import sys
@@ -53,6 +54,7 @@ __all__ = [
     "disklesslog_open",
     "local_log",
     "memory_log",
+    "moto_s3_server",
     "s3_log",
     "s3_server",
     "s3_storage_options",
@@ -163,13 +165,10 @@ def _remove_memory_files(url: str) -> None:
         fs.rm(root, recursive=True)
 
 
-@pytest.fixture(scope="session")
-def s3_server() -> Iterator[str]:
-    """A moto S3 server process on a free port of 127.0.0.1, for the whole session."""
-    try:
-        import moto.server  # noqa: F401, PLC0415
-    except ImportError:
-        pytest.fail("the s3 fixtures need moto[server] and s3fs: pip install 'disklesslog[dev]'")
+@contextlib.contextmanager
+def moto_s3_server(start_timeout: float = 30.0) -> Iterator[str]:
+    """Run moto's S3 server as a process on a free port of 127.0.0.1; yield its endpoint
+    URL; stop the process however the block is left. (Needs ``moto[server]``.)"""
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
@@ -178,22 +177,35 @@ def s3_server() -> Iterator[str]:
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            socket.create_connection(("127.0.0.1", port), 0.2).close()
-            break
-        except OSError:
-            if server.poll() is not None or time.monotonic() > deadline:
-                server.kill()
-                raise RuntimeError("the moto S3 server did not start") from None
-            time.sleep(0.05)
-    yield f"http://127.0.0.1:{port}"
-    server.terminate()
     try:
-        server.wait(10)
-    except subprocess.TimeoutExpired:
-        server.kill()
+        deadline = time.monotonic() + start_timeout
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), 0.2).close()
+                break
+            except OSError:
+                if server.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError("the moto S3 server did not start") from None
+                time.sleep(0.05)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.terminate()
+        try:
+            server.wait(10)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
+
+
+@pytest.fixture(scope="session")
+def s3_server() -> Iterator[str]:
+    """A moto S3 server process on a free port of 127.0.0.1, for the whole session."""
+    try:
+        import moto.server  # noqa: F401, PLC0415
+    except ImportError:
+        pytest.fail("the s3 fixtures need moto[server] and s3fs: pip install 'disklesslog[dev]'")
+    with moto_s3_server() as endpoint:
+        yield endpoint
 
 
 @pytest.fixture
