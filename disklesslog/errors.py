@@ -23,6 +23,7 @@ __all__ = [
     "OutOfOrderSequence",
     "ProducerFenced",
     "RecordTooLarge",
+    "SequencerConflict",
     "SequencerError",
     "StreamExistsError",
     "StreamNotFound",
@@ -140,3 +141,9 @@ class OutOfOrderSequence(SequencerError):
     """A producer's batch skipped or repeated sequence numbers in a way that is neither
     the next batch nor an exact retry of one of its last five: records would be lost
     or duplicated, so the whole commit was refused."""
+
+
+class SequencerConflict(SequencerError):
+    """The object-store sequencer lost the race for its next log entry to other
+    processes more times than its retry limit allows: nothing was applied. Retry the
+    operation, or use fewer competing writers (or the PostgreSQL sequencer)."""

@@ -68,14 +68,16 @@ class FaultyMemoryFileSystem(MemoryFileSystem):  # type: ignore[misc]
 
     Settings are class attributes shared by every instance (fsspec caches instances),
     e.g. ``FaultyMemoryFileSystem.put_delay = 0.05`` or ``.failing_puts = 2`` (the
-    next two PUTs raise ``ConnectionError``); :meth:`reset` restores them. Counts of
-    PUTs and GETs are kept in ``puts``/``gets``.
+    next two PUTs raise ``ConnectionError``), or ``.lost_puts = 1`` (the next PUT is
+    stored, then raises ``ConnectionError``: a response lost on the way back);
+    :meth:`reset` restores them. Counts of PUTs and GETs are kept in ``puts``/``gets``.
     """
 
     protocol = ("faulty-memory",)
     put_delay = 0.0
     get_delay = 0.0
     failing_puts = 0
+    lost_puts = 0
     failing_gets = 0
     puts = 0
     gets = 0
@@ -89,7 +91,7 @@ class FaultyMemoryFileSystem(MemoryFileSystem):  # type: ignore[misc]
     @classmethod
     def reset(cls) -> None:
         cls.put_delay = cls.get_delay = 0.0
-        cls.failing_puts = cls.failing_gets = cls.puts = cls.gets = 0
+        cls.failing_puts = cls.lost_puts = cls.failing_gets = cls.puts = cls.gets = 0
 
     def pipe_file(self, path: str, value: bytes, mode: str = "overwrite", **kwargs: Any) -> None:
         type(self).puts += 1
@@ -99,6 +101,9 @@ class FaultyMemoryFileSystem(MemoryFileSystem):  # type: ignore[misc]
             type(self).failing_puts -= 1
             raise ConnectionError(f"injected PUT failure for {path}")
         super().pipe_file(path, value, mode=mode, **kwargs)
+        if type(self).lost_puts > 0:
+            type(self).lost_puts -= 1
+            raise ConnectionError(f"injected lost response of the PUT of {path}")
 
     def cat_file(
         self, path: str, start: int | None = None, end: int | None = None, **kw: Any

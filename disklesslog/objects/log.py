@@ -37,7 +37,7 @@ from ..records import RecordBatch
 from ..sequencers import Sequencer, open_sequencer
 from . import reader
 from .cache import BlockCache, default_cache
-from .storage import ObjectStorage
+from .storage import SEQUENCER_DIR, ObjectStorage, open_filesystem
 from .writer import ObjectWriter
 
 __all__ = ["ObjectLog", "ObjectStream"]
@@ -344,15 +344,13 @@ class ObjectStream(Stream):
 
 def open_object_log(url: str, location: str, options: dict[str, Any]) -> ObjectLog:
     """The ``objects`` backend factory (see :func:`disklesslog.open`)."""
-    from .storage import open_filesystem  # noqa: PLC0415 - keeps fsspec imports lazy
-
     sequencer_option = options.pop("sequencer", None)
     storage_options = options.pop("storage_options", None)
     cache_option = options.pop("cache", "default")
     fs, root = open_filesystem(url, storage_options)
     metrics = Metrics()
     storage = ObjectStorage(fs, root, metrics)
-    sequencer, owned = _sequencer_for(storage, sequencer_option)
+    sequencer, owned = _sequencer_for(storage, sequencer_option, storage_options)
     if cache_option == "default":
         cache: BlockCache | None = default_cache()
     elif cache_option is None or isinstance(cache_option, BlockCache):
@@ -369,22 +367,40 @@ def open_object_log(url: str, location: str, options: dict[str, Any]) -> ObjectL
         raise ConfigError(f"unknown option for an objects log: {exc}") from None
 
 
-def _sequencer_for(storage: ObjectStorage, option: Any) -> tuple[Sequencer, bool]:
-    """The sequencer a log uses, and whether the log owns (and closes) it."""
+def _sequencer_for(
+    storage: ObjectStorage, option: Any, storage_options: Mapping[str, Any] | None
+) -> tuple[Sequencer, bool]:
+    """The sequencer a log uses, and whether the log owns (and closes) it.
+
+    Defaults: the memory sequencer for ``memory://``, SQLite in the log directory for
+    local files (one machine), and for everything else the object-store sequencer
+    inside the log (``<root>/_sequencer``), which needs no server. ``"objectstore://"``
+    asks for the latter on any storage; ``objectstore+PROTOCOL://path`` puts it
+    elsewhere (with this log's storage options if the protocol is the same).
+    """
     if isinstance(option, Sequencer):
         return option, False
-    if isinstance(option, str):
-        return open_sequencer(option), True
-    if option is not None:
+    if option is not None and not isinstance(option, str):
         raise ConfigError(f"sequencer must be a URL or a Sequencer instance, not {option!r}")
     protocol = storage.url.split("://", 1)[0]
+    if option in ("objectstore", "objectstore://"):
+        return _objectstore(storage.fs, f"{storage.root}/{SEQUENCER_DIR}"), True
+    if isinstance(option, str):
+        family, plus, rest = option.partition("+")
+        if family.lower() == "objectstore" and plus:
+            same = rest.split("://", 1)[0].lower() == protocol
+            fs, root = open_filesystem(rest, storage_options if same else None)
+            return _objectstore(fs, root, url=option), True
+        return open_sequencer(option), True
     if protocol == "memory":
         return open_sequencer(f"memory://{storage.root}"), True
     local = storage.local_root()
     if local is not None:
         return open_sequencer(f"sqlite://{quote(local)}/disklesslog-meta.db"), True
-    raise ConfigError(
-        f"{storage.url} is shared storage: pass sequencer=... with a sequencer every "
-        "writer can reach, e.g. sequencer='sqlite:///path/meta.db' for processes on one "
-        "machine (the object-store and PostgreSQL sequencers come next)"
-    )
+    return _objectstore(storage.fs, f"{storage.root}/{SEQUENCER_DIR}"), True
+
+
+def _objectstore(fs: Any, root: str, url: str | None = None) -> Sequencer:
+    from ..sequencers.objectstore import ObjectStoreSequencer  # noqa: PLC0415 - lazy
+
+    return ObjectStoreSequencer(fs, root, url=url)

@@ -22,10 +22,12 @@ import fsspec
 from ..errors import ConfigError, DataLossError, InvalidURL, MissingDependencyError
 from ..metrics import Metrics
 
-__all__ = ["ObjectStorage", "open_filesystem"]
+__all__ = ["OBJECTS", "SEQUENCER_DIR", "ObjectStorage", "open_filesystem"]
 
 OBJECTS = "objects"
 """Folder (key prefix) of WAL objects under the log's root."""
+SEQUENCER_DIR = "_sequencer"
+"""Folder of the object-store sequencer's entries and checkpoints under the log's root."""
 
 _EXTRAS = {
     "s3": ("s3", "s3fs"),

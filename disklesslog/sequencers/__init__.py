@@ -41,6 +41,7 @@ SequencerFactory = Callable[[str], Sequencer]
 
 _FACTORIES: dict[str, SequencerFactory | str] = {
     "memory": "disklesslog.sequencers.memory:open_memory_sequencer",
+    "objectstore": "disklesslog.sequencers.objectstore:open_objectstore_sequencer",
     "sqlite": "disklesslog.sequencers.sqlite:open_sqlite_sequencer",
 }
 
@@ -62,6 +63,7 @@ def open_sequencer(url: str) -> Sequencer:
             f"a sequencer URL looks like sqlite:///path/meta.db or memory://, not {url!r}"
         )
     scheme = urlsplit(url).scheme.lower()
+    scheme = scheme.partition("+")[0]  # objectstore+s3://...: the family picks the factory
     factory = _FACTORIES.get(scheme)
     if factory is None:
         raise InvalidURL(

@@ -10,7 +10,6 @@ The checks and the commit planner it shares with the SQL sequencers live in
 
 from __future__ import annotations
 
-import itertools
 import json
 import threading
 import time
@@ -120,11 +119,11 @@ class MemorySequencer(Sequencer):
         self._clock = clock
         self._lock = threading.Lock()
         self._streams: dict[str, _Stream] = {}
-        self._stream_ids = itertools.count(1)
+        self._next_stream_id = 1
         self._producers: dict[int, int] = {}  # id -> epoch
         self._producer_names: dict[str, int] = {}
-        self._producer_ids = itertools.count(1)
-        self._batch_ids = itertools.count(1)
+        self._next_producer_id = 1
+        self._next_batch_id = 1
         self._batch_index: dict[int, tuple[_Stream, int]] = {}  # id -> (stream, base)
         self._objects: dict[str, _Object] = {}
         self._groups: dict[str, dict[str, int]] = {}
@@ -140,7 +139,8 @@ class MemorySequencer(Sequencer):
         with self._lock:
             stream = self._streams.get(name)
             if stream is None:
-                stream = _Stream(next(self._stream_ids), name, stored)
+                stream = _Stream(self._next_stream_id, name, stored)
+                self._next_stream_id += 1
                 self._streams[name] = stream
             return _meta(stream)
 
@@ -170,7 +170,8 @@ class MemorySequencer(Sequencer):
         with self._lock:
             producer_id = None if name is None else self._producer_names.get(name)
             if producer_id is None:
-                producer_id = next(self._producer_ids)
+                producer_id = self._next_producer_id
+                self._next_producer_id += 1
                 self._producers[producer_id] = 0
                 if name is not None:
                     self._producer_names[name] = producer_id
@@ -210,7 +211,7 @@ class MemorySequencer(Sequencer):
         for cursor, b, base in plan.accepted:
             stream: _Stream = cursor.key  # type: ignore[assignment]
             loc = BatchLocation(
-                next(self._batch_ids),
+                self._new_batch_id(),
                 object_key,
                 b.position,
                 b.size,
@@ -314,7 +315,7 @@ class MemorySequencer(Sequencer):
 
     def _add_replacement(self, s: _Stream, b: BatchLocation) -> None:
         loc = BatchLocation(
-            next(self._batch_ids),
+            self._new_batch_id(),
             b.object_key,
             b.position,
             b.size,
@@ -355,7 +356,93 @@ class MemorySequencer(Sequencer):
         with self._lock:
             return dict(self._groups.get(group, {}))
 
+    # ---------------------------------------------------------------- snapshots
+
+    def snapshot(self) -> dict[str, Any]:
+        """The whole state as plain lists, ints and strings (msgpack- and JSON-ready).
+
+        The object-store sequencer checkpoints a replica with this, and tests compare
+        two replicas with it: equal snapshots mean equal state, because every part is
+        listed in a canonical (sorted) order.
+        """
+        with self._lock:
+            streams = [
+                [
+                    s.id,
+                    s.name,
+                    s.config,
+                    s.start,
+                    s.end,
+                    s.max_timestamp,
+                    s.unindexed,
+                    [
+                        [
+                            b.batch_id,
+                            b.object_key,
+                            b.position,
+                            b.size,
+                            b.base_offset,
+                            b.last_offset,
+                            b.max_timestamp,
+                        ]
+                        for b in s.batches.values()
+                    ],
+                    [[ts, offset] for ts, offset in s.time_index.items()],
+                    [
+                        [pid, st.epoch, [list(b) for b in st.batches]]
+                        for pid, st in sorted(s.producers.items())
+                    ],
+                ]
+                for s in sorted(self._streams.values(), key=lambda s: s.name)
+            ]
+            return {
+                "streams": streams,
+                "next_stream_id": self._next_stream_id,
+                "producers": sorted([pid, epoch] for pid, epoch in self._producers.items()),
+                "producer_names": sorted([n, pid] for n, pid in self._producer_names.items()),
+                "next_producer_id": self._next_producer_id,
+                "next_batch_id": self._next_batch_id,
+                "objects": sorted([k, o.live, o.dead_since] for k, o in self._objects.items()),
+                "groups": sorted(
+                    [g, sorted([s, off] for s, off in offsets.items())]
+                    for g, offsets in self._groups.items()
+                ),
+            }
+
+    @classmethod
+    def from_snapshot(
+        cls, snapshot: Mapping[str, Any], *, clock: Clock = time.time
+    ) -> MemorySequencer:
+        """A private sequencer holding the state :meth:`snapshot` returned."""
+        seq = cls(clock=clock)
+        for row in snapshot["streams"]:
+            sid, name, config, start, end, max_ts, unindexed, batches, index, producers = row
+            stream = _Stream(sid, name, config, start, end, max_ts, unindexed)
+            for bid, key, position, size, base, last, ts in batches:
+                stream.batches[base] = BatchLocation(bid, key, position, size, base, last, ts)
+                seq._batch_index[bid] = (stream, base)
+            for ts, offset in index:
+                stream.time_index[ts] = offset
+            for pid, epoch, tracked in producers:
+                stream.producers[pid] = ProducerStreamState(
+                    epoch, tuple((a, b, c) for a, b, c in tracked)
+                )
+            seq._streams[name] = stream
+        seq._next_stream_id = snapshot["next_stream_id"]
+        seq._producers = dict(snapshot["producers"])
+        seq._producer_names = dict(snapshot["producer_names"])
+        seq._next_producer_id = snapshot["next_producer_id"]
+        seq._next_batch_id = snapshot["next_batch_id"]
+        seq._objects = {key: _Object(live, dead) for key, live, dead in snapshot["objects"]}
+        seq._groups = {g: dict(offsets) for g, offsets in snapshot["groups"]}
+        return seq
+
     # ----------------------------------------------------------------- helpers
+
+    def _new_batch_id(self) -> int:
+        batch_id = self._next_batch_id
+        self._next_batch_id += 1
+        return batch_id
 
     def _stream(self, name: str) -> _Stream:
         stream = self._streams.get(name)

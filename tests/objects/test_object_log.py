@@ -216,7 +216,6 @@ def test_a_corrupt_object_is_reported_with_its_name_and_position() -> None:
 @pytest.mark.parametrize(
     ("url", "options", "error", "message"),
     [
-        ("s3://bucket/log", {}, disklesslog.ConfigError, "sequencer"),
         ("nosuchscheme://x/y", {}, disklesslog.InvalidURL, "no backend"),
         ("memory://x/y", {"sequencer": "nosuch://z"}, disklesslog.InvalidURL, "no sequencer"),
         ("memory://x/y", {"sequencer": "sqlite://host/x.db"}, disklesslog.InvalidURL, None),

@@ -1,0 +1,436 @@
+"""The object-store sequencer beyond the shared contract: replicas that converge, races
+for entry numbers, lost responses, group commit, checkpoints and their clean-up.
+
+The contract itself (``test_contract.py``) runs it on local files and in memory, and
+checks after every test that a fresh replica replays to the same state."""
+
+from __future__ import annotations
+
+import multiprocessing
+import threading
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import fsspec
+import pytest
+
+import disklesslog
+from disklesslog.errors import (
+    ConfigError,
+    CorruptDataError,
+    InvalidURL,
+    LogClosedError,
+    ProducerFenced,
+    SequencerConflict,
+    StreamNotFound,
+)
+from disklesslog.sequencers import BatchToCommit, open_sequencer
+from disklesslog.sequencers import objectstore as objectstore_module
+from disklesslog.sequencers.conditional import put_if_absent
+from disklesslog.sequencers.objectstore import ObjectStoreSequencer
+from disklesslog.testing import FaultyMemoryFileSystem
+
+
+def batch(
+    stream: str, span: int = 1, *, producer: tuple[int, int] | None = None, seq: int = -1
+) -> BatchToCommit:
+    pid, epoch = producer if producer is not None else (-1, -1)
+    return BatchToCommit(stream, 0, 10, span, span, 0, pid, epoch, seq)
+
+
+@pytest.fixture
+def local_root(tmp_path: Path) -> str:
+    return str(tmp_path / "sequencer")
+
+
+def open_local(root: str, **options: Any) -> ObjectStoreSequencer:
+    return ObjectStoreSequencer(fsspec.filesystem("file"), root, **options)
+
+
+@pytest.fixture
+def faulty() -> Iterator[tuple[Any, str]]:
+    FaultyMemoryFileSystem.reset()
+    fs = FaultyMemoryFileSystem()
+    root = f"/objectstore-{uuid.uuid4().hex}"
+    yield fs, root
+    FaultyMemoryFileSystem.reset()
+    if fs.exists(root):
+        fs.rm(root, recursive=True)
+
+
+# ------------------------------------------------------------------ put-if-absent
+
+
+def test_put_if_absent_local_creates_once(tmp_path: Path) -> None:
+    fs = fsspec.filesystem("file")
+    path = str(tmp_path / "a" / "entry")
+    assert put_if_absent(fs, path, b"first")
+    assert not put_if_absent(fs, path, b"second")
+    assert Path(path).read_bytes() == b"first"
+    assert sorted(p.name for p in (tmp_path / "a").iterdir()) == ["entry"]  # no temporaries
+
+
+def _race_for(path: str, token: bytes, wins: Any) -> None:
+    if put_if_absent(fsspec.filesystem("file"), path, token * 10_000):
+        wins.put(token)
+
+
+def test_put_if_absent_local_one_winner_among_processes(tmp_path: Path) -> None:
+    ctx = multiprocessing.get_context("fork")
+    for round_ in range(5):
+        path = str(tmp_path / f"entry-{round_}")
+        wins = ctx.Queue()
+        procs = [
+            ctx.Process(target=_race_for, args=(path, bytes([65 + i]), wins)) for i in range(6)
+        ]
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.join(30)
+        winners = []
+        while not wins.empty():
+            winners.append(wins.get())
+        assert len(winners) == 1
+        assert Path(path).read_bytes() == winners[0] * 10_000  # whole, never mixed
+
+
+def test_put_if_absent_memory_threads() -> None:
+    fs = fsspec.filesystem("memory")
+    path = f"/race-{uuid.uuid4().hex}/entry"
+    wins: list[int] = []
+    barrier = threading.Barrier(8)
+
+    def race(i: int) -> None:
+        barrier.wait()
+        if put_if_absent(fs, path, str(i).encode()):
+            wins.append(i)
+
+    threads = [threading.Thread(target=race, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(wins) == 1
+    assert fs.cat_file(path) == str(wins[0]).encode()
+    fs.rm(path.rsplit("/", 1)[0], recursive=True)
+
+
+# ---------------------------------------------------------------------- replicas
+
+
+def test_two_replicas_see_each_others_operations(local_root: str) -> None:
+    a, b = open_local(local_root), open_local(local_root)
+    a.create_stream("s", {})
+    assert b.list_streams() == ["s"]
+    assert b.commit("o1", [batch("s", 3)])[0].base_offset == 0
+    assert a.commit("o2", [batch("s", 2)])[0].base_offset == 3  # a catches up first
+    assert a.stream_info("s").end_offset == b.stream_info("s").end_offset == 5
+    assert a.snapshot() == b.snapshot()
+
+
+def test_named_producer_fenced_across_replicas(local_root: str) -> None:
+    a, b = open_local(local_root), open_local(local_root)
+    a.create_stream("s", {})
+    old = a.init_producer("app")
+    new = b.init_producer("app")
+    assert new == (old[0], old[1] + 1)
+    with pytest.raises(ProducerFenced):
+        a.commit("zombie", [batch("s", producer=old, seq=0)])
+    assert b.stream_info("s").end_offset == 0
+    assert b.commit("ok", [batch("s", producer=new, seq=0)])[0].base_offset == 0
+
+
+def test_replicas_racing_from_threads_stay_dense(local_root: str) -> None:
+    seed = open_local(local_root)
+    seed.create_stream("s", {})
+    replicas = [open_local(local_root) for _ in range(4)]
+    got: list[int] = []
+    lock = threading.Lock()
+
+    def work(seq: ObjectStoreSequencer) -> None:
+        pid = seq.init_producer()
+        for i in range(25):
+            base = seq.commit(f"o-{uuid.uuid4().hex}", [batch("s", 2, producer=pid, seq=2 * i)])
+            with lock:
+                got.append(base[0].base_offset)
+
+    threads = [threading.Thread(target=work, args=(r,)) for r in replicas]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(got) == list(range(0, 200, 2))
+    snapshots = [r.snapshot() for r in replicas]
+    assert all(s == snapshots[0] for s in snapshots)
+
+
+def test_group_commit_writes_fewer_entries_than_operations(local_root: str) -> None:
+    seq = open_local(local_root)
+    seq.create_stream("s", {})
+    barrier = threading.Barrier(8)
+    results: list[int] = []
+
+    def work() -> None:
+        barrier.wait()
+        for _ in range(20):
+            results.append(seq.commit(f"o-{uuid.uuid4().hex}", [batch("s")])[0].base_offset)
+
+    threads = [threading.Thread(target=work) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(results) == list(range(160))
+    entries = len(list(Path(local_root, "log").iterdir()))
+    assert entries == seq.tail
+    assert seq.tail < 1 + 160  # grouped: fewer entries than operations
+
+
+def test_a_rejected_operation_in_a_group_does_not_reject_the_others(local_root: str) -> None:
+    seq = open_local(local_root)
+    seq.create_stream("s", {})
+    errors: list[BaseException] = []
+    offsets: list[int] = []
+    barrier = threading.Barrier(6)
+
+    def good() -> None:
+        barrier.wait()
+        offsets.append(seq.commit(f"o-{uuid.uuid4().hex}", [batch("s")])[0].base_offset)
+
+    def bad() -> None:
+        barrier.wait()
+        try:
+            seq.commit("o-bad", [batch("missing")])
+        except StreamNotFound as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=good) for _ in range(5)] + [threading.Thread(target=bad)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(offsets) == [0, 1, 2, 3, 4]
+    assert len(errors) == 1
+
+
+# ------------------------------------------------------------- lost responses
+
+
+def test_lost_response_is_applied_once(faulty: tuple[Any, str]) -> None:
+    fs, root = faulty
+    seq = ObjectStoreSequencer(fs, root)
+    seq.create_stream("s", {})
+    FaultyMemoryFileSystem.lost_puts = 1  # the commit's entry lands, its response is lost
+    result = seq.commit("o1", [batch("s", 4)])  # anonymous: no producer dedup to lean on
+    assert result[0].base_offset == 0
+    assert seq.stream_info("s").end_offset == 4
+    fresh = ObjectStoreSequencer(fs, root)
+    assert fresh.stream_info("s").end_offset == 4
+    assert fresh.tail == seq.tail == 2
+
+
+def test_failed_puts_are_retried(faulty: tuple[Any, str]) -> None:
+    fs, root = faulty
+    seq = ObjectStoreSequencer(fs, root)
+    seq.create_stream("s", {})
+    FaultyMemoryFileSystem.failing_puts = 2
+    assert seq.commit("o1", [batch("s")])[0].base_offset == 0
+    assert seq.tail == 2
+
+
+def test_unknown_outcome_after_retries_raises_oserror(faulty: tuple[Any, str]) -> None:
+    fs, root = faulty
+    seq = ObjectStoreSequencer(fs, root)
+    seq.create_stream("s", {})
+    FaultyMemoryFileSystem.failing_puts = 100
+    with pytest.raises(OSError, match="may or may not"):
+        seq.commit("o1", [batch("s")])
+    FaultyMemoryFileSystem.failing_puts = 0
+    assert seq.stream_info("s").end_offset == 0
+
+
+def test_an_entry_written_twice_is_applied_once(local_root: str) -> None:
+    seq = open_local(local_root)
+    seq.create_stream("s", {})
+    seq.commit("o1", [batch("s", 3)])
+    # A delayed retry of entry 2 lands again as entry 3 (same bytes, same entry id).
+    log_dir = Path(local_root, "log")
+    (log_dir / f"{3:020d}").write_bytes((log_dir / f"{2:020d}").read_bytes())
+    fresh = open_local(local_root)
+    assert fresh.tail == 3
+    assert fresh.stream_info("s").end_offset == 3
+    assert seq.commit("o2", [batch("s")])[0].base_offset == 3
+
+
+def test_conflict_after_max_attempts_applies_nothing(
+    local_root: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    seq = open_local(local_root, max_attempts=3)
+    seq.create_stream("s", {})
+    monkeypatch.setattr(objectstore_module, "put_if_absent", lambda fs, path, data: False)
+    with pytest.raises(SequencerConflict, match="3 times"):
+        seq.commit("o1", [batch("s")])
+    monkeypatch.undo()
+    assert seq.stream_info("s").end_offset == 0
+    assert open_local(local_root).tail == 1
+
+
+def test_corrupt_entry_is_reported(local_root: str) -> None:
+    seq = open_local(local_root)
+    seq.create_stream("s", {})
+    Path(local_root, "log", f"{2:020d}").write_bytes(b"garbage")
+    with pytest.raises(CorruptDataError, match="not a disklesslog sequencer entry"):
+        seq.list_streams()
+
+
+# ----------------------------------------------------------------- checkpoints
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1_700_000_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_checkpoints_bound_replay(faulty: tuple[Any, str]) -> None:
+    fs, root = faulty
+    seq = ObjectStoreSequencer(fs, root, checkpoint_every=10)
+    seq.create_stream("s", {})
+    for i in range(34):
+        seq.commit(f"o{i}", [batch("s")])
+    assert seq.tail == 35
+    assert [p.rsplit("/", 1)[-1][:20] for p in fs.ls(f"{root}/checkpoints", detail=False)] == [
+        f"{n:020d}" for n in (10, 20, 30)
+    ]
+    FaultyMemoryFileSystem.gets = 0
+    fresh = ObjectStoreSequencer(fs, root, checkpoint_every=10)
+    assert fresh.snapshot() == seq.snapshot()
+    # the checkpoint, entries 31..35, one miss (36), and the bulk fetches' misses
+    assert FaultyMemoryFileSystem.gets <= 1 + 5 + 1 + 8
+
+
+def test_superseded_entries_are_deleted_after_retention(local_root: str) -> None:
+    clock = Clock()
+    seq = open_local(local_root, clock=clock, checkpoint_every=5, entry_retention_seconds=60)
+    seq.create_stream("s", {})
+    for i in range(9):
+        seq.commit(f"o{i}", [batch("s")])
+    assert seq.delete_superseded() == 0  # checkpoints are younger than the retention
+    clock.now += 61
+    for i in range(9, 11):  # entry 11 is still < the 15th: only the clean-up below
+        seq.commit(f"o{i}", [batch("s")])
+    deleted = seq.delete_superseded()
+    # checkpoint 10 is the newest older than 60 s: entries 1..10 and checkpoint 5 go
+    assert deleted == 10 + 1
+    assert sorted(p.name for p in Path(local_root, "log").iterdir()) == [
+        f"{n:020d}" for n in (11, 12)
+    ]
+    fresh = open_local(local_root)
+    assert fresh.stream_info("s").end_offset == 11
+    assert fresh.snapshot() == seq.snapshot()
+
+
+def test_stale_replica_reloads_checkpoint_instead_of_reusing_deleted_numbers(
+    local_root: str,
+) -> None:
+    clock = Clock()
+    idle = open_local(local_root, clock=clock, checkpoint_every=5, entry_retention_seconds=60)
+    idle.create_stream("s", {})
+    busy = open_local(local_root, clock=clock, checkpoint_every=5, entry_retention_seconds=60)
+    for i in range(12):
+        busy.commit(f"o{i}", [batch("s")])
+    clock.now += 61
+    busy.commit("late", [batch("s")])
+    assert busy.delete_superseded() > 0  # entry 2 (idle's next number) is gone
+    idle._confirmed = -float("inf")  # as if it had not looked for longer than the window
+    assert idle.commit("idle", [batch("s")])[0].base_offset == 13
+    assert open_local(local_root).snapshot() == idle.snapshot()
+
+
+def test_readers_never_write(faulty: tuple[Any, str]) -> None:
+    fs, root = faulty
+    writer = ObjectStoreSequencer(fs, root, checkpoint_every=3)
+    writer.create_stream("s", {})
+    for i in range(7):
+        writer.commit(f"o{i}", [batch("s")])
+    FaultyMemoryFileSystem.puts = 0
+    reader = ObjectStoreSequencer(fs, root, checkpoint_every=3)
+    reader.find_batches("s", 0, 1 << 20)
+    reader.stream_info("s")
+    reader.list_streams()
+    reader.committed_offsets("g")
+    reader.objects_to_delete(0)
+    assert FaultyMemoryFileSystem.puts == 0
+
+
+# ------------------------------------------------------------------ opening
+
+
+def test_options_are_checked(local_root: str) -> None:
+    with pytest.raises(ConfigError):
+        open_local(local_root, checkpoint_every=0)
+    with pytest.raises(ConfigError):
+        open_local(local_root, entry_retention_seconds=0)
+    with pytest.raises(ConfigError):
+        open_local(local_root, max_attempts=0)
+
+
+def test_url(tmp_path: Path) -> None:
+    seq = open_sequencer(f"objectstore+file://{tmp_path}/seq")
+    assert isinstance(seq, ObjectStoreSequencer)
+    seq.create_stream("s", {})
+    assert open_sequencer(f"objectstore+file://{tmp_path}/seq").list_streams() == ["s"]
+    for bad in ("objectstore://x", "objectstore+://x"):
+        with pytest.raises(InvalidURL):
+            open_sequencer(bad)
+
+
+def test_closed(local_root: str) -> None:
+    seq = open_local(local_root)
+    seq.close()
+    with pytest.raises(LogClosedError):
+        seq.list_streams()
+    with pytest.raises(LogClosedError):
+        seq.create_stream("s", {})
+
+
+def test_log_default_and_explicit(tmp_path: Path) -> None:
+    log = disklesslog.open(f"file://{tmp_path}/log", backend="objects", sequencer="objectstore://")
+    try:
+        assert isinstance(log.sequencer, ObjectStoreSequencer)  # type: ignore[attr-defined]
+        log.stream("s").append(b"x")
+    finally:
+        log.close()
+    assert (tmp_path / "log" / "_sequencer" / "log").is_dir()
+    url = f"objectstore+file://{tmp_path}/elsewhere"
+    log = disklesslog.open(f"file://{tmp_path}/log2", backend="objects", sequencer=url)
+    try:
+        assert log.sequencer.url == url  # type: ignore[attr-defined]
+    finally:
+        log.close()
+
+
+@pytest.mark.s3
+def test_remote_log_defaults_to_objectstore(s3_server: str) -> None:
+    import s3fs
+
+    from disklesslog.testing import s3_storage_options
+
+    options = s3_storage_options(s3_server)
+    bucket = f"os-{uuid.uuid4().hex[:12]}"
+    s3fs.S3FileSystem(**options).mkdir(bucket)
+    log = disklesslog.open(f"s3://{bucket}/log", storage_options=options)
+    try:
+        assert isinstance(log.sequencer, ObjectStoreSequencer)  # type: ignore[attr-defined]
+        log.stream("s").append_batch([b"a", b"b"])
+    finally:
+        log.close()
+    log = disklesslog.open(f"s3://{bucket}/log", storage_options=options)
+    try:
+        assert [r.value for r in log.stream("s").read()] == [b"a", b"b"]
+    finally:
+        log.close()
