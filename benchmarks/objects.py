@@ -2,7 +2,8 @@
 for its acknowledgement, how fast the sequencer commits, how reads use the block cache,
 and what the naive one-object-per-append approach costs on the same S3 server.
 
-Groups (``./dev bench --only NAME``, or ``--only objects`` for all four):
+Groups (``./dev bench --only NAME``, or ``--only objects`` for these and the sequencer
+commit rates of :mod:`sequencers`):
 
 ``obj-write``      Writer throughput, 100 B values round-robin over 100 streams, on
                    ``memory://`` (memory sequencer) and on a moto S3 server (SQLite
@@ -10,8 +11,6 @@ Groups (``./dev bench --only NAME``, or ``--only objects`` for all four):
                    ``pipe_file`` per record; PUTs per flush and per 1,000 records.
 ``obj-latency``    append-to-acknowledge latency (p50/p90/p99/max) of producer threads
                    appending at a steady rate, with 50 ms injected into every PUT.
-``obj-sequencer``  SQLite sequencer commits/s (10 batches of 10 streams per commit) from
-                   one writer process and from four at once; the memory sequencer beside.
 ``obj-read``       reads of 100,000 records from S3, cold (a fresh process-wide cache) and
                    cached, with 1 reader and 8 reader threads; GETs per object and block.
 
@@ -31,7 +30,6 @@ import importlib.util
 import math
 import multiprocessing
 import os
-import queue
 import threading
 import time
 import uuid
@@ -58,7 +56,6 @@ from measured import (
 
 import disklesslog
 from disklesslog.objects.cache import configure_default_cache
-from disklesslog.sequencers import BatchToCommit, open_sequencer
 from disklesslog.sequencers.memory import MemorySequencer
 
 VALUE_SIZE = 100
@@ -497,208 +494,6 @@ def latency_group(plan: PlanLike) -> MeasuredGroup:
     )
 
 
-# =================================================================== 3. sequencer
-
-
-SEQ_STREAMS = 10
-SEQ_RECORDS = 10  # records (and producer sequence numbers) per batch
-
-
-def _batches(producer: tuple[int, int], commits: int, tag: str) -> list[tuple[str, list[Any]]]:
-    """Each commit's object key and its 10 batches (one per stream), built beforehand."""
-    producer_id, epoch = producer
-    now = int(time.time() * 1000)
-    size = SEQ_RECORDS * (VALUE_SIZE + 10)
-    out = []
-    for i in range(commits):
-        batches = [
-            BatchToCommit(
-                stream=f"s{j}",
-                position=j * size,
-                size=size,
-                span=SEQ_RECORDS,
-                record_count=SEQ_RECORDS,
-                max_timestamp=now + i,
-                producer_id=producer_id,
-                producer_epoch=epoch,
-                base_sequence=i * SEQ_RECORDS,
-            )
-            for j in range(SEQ_STREAMS)
-        ]
-        out.append((f"objects/{tag}-{i:09d}", batches))
-    return out
-
-
-def _commit_loop(sequencer: Any, work: list[tuple[str, list[Any]]]) -> list[float]:
-    latencies = []
-    clock, commit = time.perf_counter, sequencer.commit
-    for key, batches in work:
-        t = clock()
-        commit(key, batches)
-        latencies.append(clock() - t)
-    return latencies
-
-
-def sequencer_worker(url: str, index: int, commits: int, ready: Any, go: Any, out: Any) -> None:
-    """One writer process: its own producer, then ``commits`` commits once ``go`` is set.
-    Runs in a spawned process; reports (index, started, finished, latencies) or an error."""
-    try:
-        sequencer = open_sequencer(url)
-        work = _batches(sequencer.init_producer(), commits, f"p{index}")
-        ready.put(index)
-        go.wait()
-        started = time.monotonic()
-        latencies = _commit_loop(sequencer, work)
-        out.put((index, started, time.monotonic(), latencies))
-        sequencer.close()
-    except BaseException as exc:
-        out.put((index, None, None, repr(exc)))
-        raise
-
-
-def _sequencer_extras(latencies: list[float], seconds: float, commits: int) -> Extras:
-    return {
-        **percentiles(latencies),
-        "batches_per_s": commits * SEQ_STREAMS / seconds,
-    }
-
-
-@contextmanager
-def sqlite_commits(
-    work: Path, shared: Any, *, processes: int, commits: int
-) -> Iterator[Callable[[], Collect]]:
-    """``processes`` spawned processes, each with its own producer, commit ``commits``
-    times to one SQLite sequencer in ``work`` (the same 10 streams for all). Process
-    start-up, producer init and building the batch lists happen before the clock; the
-    clock runs from ``go`` to the last process's report."""
-    url = f"sqlite://{work}/meta.db"
-    with open_sequencer(url) as sequencer:
-        for j in range(SEQ_STREAMS):
-            sequencer.create_stream(f"s{j}", {})
-    ready, out, go = SPAWN.Queue(), SPAWN.Queue(), SPAWN.Event()
-    workers = [
-        SPAWN.Process(
-            target=sequencer_worker,
-            args=(url, i, commits, ready, go, out),
-            name=f"sequencer-writer-{i}",
-        )
-        for i in range(processes)
-    ]
-    try:
-        for worker in workers:
-            worker.start()
-        for _ in workers:
-            _get(ready, workers)
-
-        def run() -> Collect:
-            go.set()
-            reports = [_get(out, workers) for _ in workers]
-
-            def collect() -> Extras:
-                failed = [r for r in reports if r[1] is None]
-                if failed:
-                    raise RuntimeError(f"sequencer writer process failed: {failed[0][3]}")
-                span = max(r[2] for r in reports) - min(r[1] for r in reports)
-                latencies = [x for r in reports for x in r[3]]
-                extras = _sequencer_extras(latencies, span, commits * processes)
-                extras["slowest_process_s"] = max(r[2] - r[1] for r in reports)
-                return extras
-
-            return collect
-
-        yield run
-    finally:
-        go.set()
-        for worker in workers:
-            worker.join(30)
-            if worker.is_alive():
-                worker.terminate()
-                worker.join()
-
-
-def _get(channel: Any, workers: list[Any], timeout: float = 300.0) -> Any:
-    """The next message, failing early if every worker has died without sending it."""
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            return channel.get(timeout=0.5)
-        except queue.Empty:
-            if all(not w.is_alive() for w in workers) or time.monotonic() > deadline:
-                raise RuntimeError("sequencer writer processes stopped without reporting") from None
-
-
-@contextmanager
-def memory_commits(work: Path, shared: Any, *, commits: int) -> Iterator[Callable[[], Collect]]:
-    """The same commits on an in-process memory sequencer (the reference line)."""
-    sequencer = MemorySequencer()
-    for j in range(SEQ_STREAMS):
-        sequencer.create_stream(f"s{j}", {})
-    todo = _batches(sequencer.init_producer(), commits, "m")
-
-    def run() -> Collect:
-        started = time.perf_counter()
-        latencies = _commit_loop(sequencer, todo)
-        seconds = time.perf_counter() - started
-        return lambda: _sequencer_extras(latencies, seconds, commits)
-
-    yield run
-
-
-def sequencer_group(plan: PlanLike) -> MeasuredGroup:
-    single = plan.n(3000, 400)
-    each = plan.n(1500, 200)
-    memory = plan.n(10_000, 1_000)
-    one = "SQLite sequencer, 1 writer process"
-    return MeasuredGroup(
-        key="obj-sequencer",
-        title=f"sequencer commits: {SEQ_STREAMS} batches per commit ({SEQ_STREAMS} streams, "
-        f"{SEQ_RECORDS} records each), no objects involved",
-        unit="commits",
-        note="Sequencer.commit(object_key, [BatchToCommit x 10]) called directly, batch "
-        "lists built before the clock; SQLite: sqlite:///<tmp>/meta.db (WAL, "
-        "synchronous=normal), writers are multiprocessing spawn processes with their own "
-        "producer (init_producer), all on the same 10 streams; p50/p99 per commit call",
-        columns=[
-            Column("batches_per_s", "batches/s", ",.0f"),
-            Column("p50_ms", "p50 ms", ".2f"),
-            Column("p99_ms", "p99 ms", ".2f"),
-            Column("max_ms", "max ms", ".1f"),
-        ],
-        goals=[
-            MetricGoal(
-                "SQLite sequencer >= 2,000 commits/s, single writer",
-                one,
-                metric="rate",
-                at_least=2000,
-                unit="commits/s",
-            )
-        ],
-        variants=[
-            Variant(
-                one,
-                "subject",
-                partial(sqlite_commits, processes=1, commits=single),
-                single,
-                note=f"{single:,} commits",
-            ),
-            Variant(
-                "SQLite sequencer, 4 writer processes at once",
-                "subject",
-                partial(sqlite_commits, processes=4, commits=each),
-                4 * each,
-                note=f"{each:,} commits each; rate = all commits / (last end - first start)",
-            ),
-            Variant(
-                "memory sequencer, 1 thread (reference)",
-                "subject",
-                partial(memory_commits, commits=memory),
-                memory,
-                note=f"{memory:,} commits, in this process",
-            ),
-        ],
-    )
-
-
 # ======================================================================= 4. reads
 
 
@@ -862,7 +657,7 @@ def read_group(plan: PlanLike) -> MeasuredGroup:
 
 
 def object_groups(plan: PlanLike) -> list[MeasuredGroup]:
-    return [write_group(plan), latency_group(plan), sequencer_group(plan), read_group(plan)]
+    return [write_group(plan), latency_group(plan), read_group(plan)]
 
 
-GROUP_KEYS = ("obj-write", "obj-latency", "obj-sequencer", "obj-read")
+GROUP_KEYS = ("obj-write", "obj-latency", "obj-read")

@@ -11,7 +11,7 @@ Run with ``./dev bench`` (installs the ``bench`` extra, persist-queue, then runs
     ./dev bench --markdown           also print the tables as Markdown (docs/benchmarks.md)
     ./dev bench --wait-quiet 20      on a shared machine: wait for other processes to go idle
     ./dev bench --profile single     cProfile one run of each disklesslog variant of a workload
-    ./dev bench --only objects       the four object-storage workloads (objects.py; ~2.5 minutes)
+    ./dev bench --only objects       object storage and sequencers (objects.py, sequencers.py)
 
 Every workload runs in a temporary directory (``--dir`` chooses where; the default is
 the system temp dir), removed at the end. Each repetition runs all variants of a
@@ -43,6 +43,7 @@ from typing import Any
 import measured
 import objects as obj
 import peers
+import sequencers as seq
 import workloads as wl
 from common import (
     Goal,
@@ -434,6 +435,7 @@ def all_groups(plan: Plan) -> list[Group]:
         read_group(plan),
         recovery_group(plan),
         *obj.object_groups(plan),
+        seq.sequencer_group(plan),
     ]
 
 
@@ -536,7 +538,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     wanted = args.only or ([args.profile] if args.profile else names)
     if "objects" in wanted:  # shorthand for the object-storage workloads
-        wanted = [w for w in wanted if w != "objects"] + list(obj.GROUP_KEYS)
+        wanted = [w for w in wanted if w != "objects"] + [*obj.GROUP_KEYS, *seq.GROUP_KEYS]
     unknown = sorted(set(wanted) - set(names))
     if unknown:
         parser.error(f"unknown workload(s) {unknown}; choose from {names}")

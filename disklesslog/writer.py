@@ -191,6 +191,9 @@ class Writer(ABC):
         self._flush_wanted = False
         self._closed = False
         self._errors: list[BaseException] = []
+        self._fatal: BaseException | None = None
+        """Set by a backend when no later append can succeed (a fenced producer):
+        appends then raise it at once instead of waiting for a flush to fail."""
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
@@ -336,6 +339,8 @@ class Writer(ABC):
         """Wait for room (back-pressure) and account for ``size`` bytes (lock held)."""
         if self._closed:
             raise LogClosedError("the writer is closed")
+        if self._fatal is not None:
+            raise self._fatal
         while self._buffered_bytes >= 2 * self._max_buffer_bytes and not self._closed:
             self._cond.wait()
         if self._closed:

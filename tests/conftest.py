@@ -109,6 +109,10 @@ def _token(path: Path) -> str:
     return _TOKENS.setdefault(path, uuid.uuid4().hex[:12])
 
 
+def _slow(mark: pytest.MarkDecorator) -> list[pytest.MarkDecorator]:
+    return [mark, pytest.mark.slow]
+
+
 BACKENDS = [
     pytest.param(Backend("segments", _segments), id="segments"),
     pytest.param(Backend("memory", _memory, objects=True), id="memory"),
@@ -119,9 +123,14 @@ BACKENDS = [
     pytest.param(
         Backend("file-objectstore", _file_objectstore, objects=True), id="file-objectstore"
     ),
-    pytest.param(Backend("s3", _s3, objects=True), id="s3", marks=pytest.mark.s3),
-    pytest.param(Backend("azure", _azure, objects=True), id="azure", marks=pytest.mark.azure),
-    pytest.param(Backend("gcs", _gcs, objects=True), id="gcs", marks=pytest.mark.gcs),
+    # The emulators answer in milliseconds, not microseconds: their full conformance runs
+    # belong to the whole suite (slow); tests/objects/test_clouds.py keeps a quick round
+    # trip on each in the fast one.
+    pytest.param(Backend("s3", _s3, objects=True), id="s3", marks=_slow(pytest.mark.s3)),
+    pytest.param(
+        Backend("azure", _azure, objects=True), id="azure", marks=_slow(pytest.mark.azure)
+    ),
+    pytest.param(Backend("gcs", _gcs, objects=True), id="gcs", marks=_slow(pytest.mark.gcs)),
 ]
 
 

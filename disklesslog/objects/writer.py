@@ -221,7 +221,7 @@ class ObjectWriter(Writer):
 
     def _refused(self, key: str, exc: DisklessLogError) -> None:
         if isinstance(exc, ProducerFenced):
-            self._fenced = exc
+            self._fenced = self._fatal = exc
         if isinstance(exc, StreamNotFound):
             self._known_streams.clear()  # deleted meanwhile: create again next time
         try:

@@ -42,6 +42,8 @@ SequencerFactory = Callable[[str], Sequencer]
 _FACTORIES: dict[str, SequencerFactory | str] = {
     "memory": "disklesslog.sequencers.memory:open_memory_sequencer",
     "objectstore": "disklesslog.sequencers.objectstore:open_objectstore_sequencer",
+    "postgres": "disklesslog.sequencers.postgres:open_postgres_sequencer",
+    "postgresql": "disklesslog.sequencers.postgres:open_postgres_sequencer",
     "sqlite": "disklesslog.sequencers.sqlite:open_sqlite_sequencer",
 }
 

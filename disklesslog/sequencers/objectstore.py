@@ -162,7 +162,9 @@ class ObjectStoreSequencer(Sequencer):
         self._fresh_window = self._retention / 4
         self._max_attempts = max_attempts
         self._replay_time: float | None = None
-        self._lock = threading.RLock()  # the replica, its tail and _awaiting
+        self._lock = threading.RLock()  # the replica, its tail and _awaiting; never held
+        # during I/O, so readers fetching entries do not hold up writers applying theirs
+        self._fetch_lock = threading.Lock()  # one catch-up at a time (single flight)
         self._replica = self._empty_replica()
         self._confirmed = -float("inf")  # monotonic time the tail was last known current
         self._awaiting: dict[bytes, list[_Slot]] = {}
@@ -172,8 +174,7 @@ class ObjectStoreSequencer(Sequencer):
         self._last_cleanup = -float("inf")
         self._closed = False
         self._zstd_level = 3
-        with self._lock:
-            self._catch_up()
+        self._catch_up()
 
     def __repr__(self) -> str:
         return f"ObjectStoreSequencer({self.url})"
@@ -217,8 +218,8 @@ class ObjectStoreSequencer(Sequencer):
     @contextlib.contextmanager
     def _reading(self) -> Iterator[MemorySequencer]:
         self._check_open()
+        self._catch_up(asked=time.monotonic())
         with self._lock:
-            self._catch_up()
             yield self._replica.state
 
     # ---------------------------------------------------------------- writes
@@ -335,18 +336,20 @@ class ObjectStoreSequencer(Sequencer):
             self._awaiting[entry_id] = group
         try:
             for attempt in range(self._max_attempts):
+                if time.monotonic() - self._confirmed > self._fresh_window:
+                    self._catch_up()
                 with self._lock:
-                    if time.monotonic() - self._confirmed > self._fresh_window:
-                        self._catch_up()
                     number = self._replica.tail + 1
                 started = time.monotonic()
                 created = self._put_entry(number, data)
                 with self._lock:
-                    if created and self._replica.tail == number - 1:
+                    applied = created and self._replica.tail == number - 1
+                    if applied:
                         self._confirmed = max(self._confirmed, started)
                         self._apply(number, decoded)
-                    else:  # lost the race, or a reader applied ours: read what we missed
-                        self._catch_up()
+                if not applied:  # lost the race, or a reader applied ours: read what we missed
+                    self._catch_up()
+                with self._lock:
                     if all(s.done for s in group):
                         due = created and number % self._checkpoint_every == 0
                         if due and self._replica.tail == number:
@@ -385,30 +388,46 @@ class ObjectStoreSequencer(Sequencer):
 
     # -------------------------------------------------------------- replaying
 
-    def _catch_up(self) -> None:
-        """Apply every entry after the tail (caller holds the lock). If the tail was not
-        confirmed recently, first load a newer checkpoint if there is one."""
-        started = time.monotonic()
-        if started - self._confirmed > self._fresh_window:
-            self._load_newest_checkpoint()
-        number = self._replica.tail + 1
-        window = 1
-        while True:
-            for i, data in enumerate(self._get_many(number, window)):
-                if data is None:
-                    self._confirmed = max(self._confirmed, started)
-                    return
-                self._apply(number + i, _decode_entry(data, self._entry_path(number + i)))
-            # Behind: fetch more entries at a time while every one of them exists
-            # (s3fs, gcsfs and adlfs send the requests of one call concurrently).
-            number += window
-            window = min(window * 2, PREFETCH)
+    def _catch_up(self, asked: float | None = None) -> None:
+        """Apply every entry after the tail; if the tail was not confirmed recently,
+        first load a newer checkpoint if there is one. One thread fetches at a time, and
+        a caller that ``asked`` at a monotonic time is content with any catch-up that
+        began after it. Entries are fetched without the state lock and applied with it,
+        skipping those a writer of this process applied meanwhile."""
+        with self._fetch_lock:
+            if asked is not None and self._confirmed >= asked:
+                return
+            started = time.monotonic()
+            if started - self._confirmed > self._fresh_window:
+                self._load_newest_checkpoint()
+            window = 1
+            while True:
+                number = self._replica.tail + 1
+                found = self._get_many(number, window)
+                with self._lock:
+                    for i, data in enumerate(found):
+                        at = number + i
+                        if at <= self._replica.tail:  # applied by a writer meanwhile
+                            continue
+                        if data is None:
+                            self._confirmed = max(self._confirmed, started)
+                            return
+                        self._apply(at, _decode_entry(data, self._entry_path(at)))
+                # Behind: fetch more entries at a time while every one of them exists
+                # (s3fs, gcsfs and adlfs send the requests of one call concurrently).
+                window = min(window * 2, PREFETCH)
 
     def _apply(self, number: int, entry: tuple[bytes, float, list[Any]]) -> None:
         entry_id, stamp, ops = entry
         replica = self._replica
         if number != replica.tail + 1:
             raise AssertionError(f"entry {number} applied after {replica.tail}")
+        unknown = sorted({str(op[0]) for op in ops if not op or op[0] not in _OPS})
+        if unknown:  # replaying past it would make this replica differ from newer ones
+            raise SequencerError(
+                f"{self.url}: entry {number} holds operations this version of disklesslog "
+                f"does not know ({', '.join(unknown)}): upgrade disklesslog"
+            )
         outcomes: list[tuple[Any, BaseException | None]] = []
         if entry_id not in replica.recent:
             self._replay_time = stamp
@@ -459,9 +478,13 @@ class ObjectStoreSequencer(Sequencer):
         data = self._get(newest.path)
         if data is None:
             raise SequencerError(f"{self.url}: checkpoint {newest.path} vanished while read")
-        self._replica = self._decode_checkpoint(data, newest)
-        for entry_id in [i for i in self._awaiting if i in self._replica.recent]:
-            self._outcome_lost(self._awaiting.pop(entry_id))
+        loaded = self._decode_checkpoint(data, newest)
+        with self._lock:
+            if loaded.tail <= self._replica.tail:  # a writer of ours got further meanwhile
+                return
+            self._replica = loaded
+            for entry_id in [i for i in self._awaiting if i in loaded.recent]:
+                self._outcome_lost(self._awaiting.pop(entry_id))
 
     def _write_checkpoint(self, entry: int, snapshot: dict[str, Any], recent: list[bytes]) -> None:
         """Store the state as of ``entry``; then delete what a checkpoint older than the
@@ -587,11 +610,8 @@ def _decode_entry(data: bytes, where: str) -> tuple[bytes, float, list[Any]]:
 def _apply_op(state: MemorySequencer, op: list[Any]) -> tuple[Any, BaseException | None]:
     """Apply one operation to a replica: ``(result, None)`` or ``(None, error)``. A
     rejected operation changes nothing (the memory sequencer validates first)."""
-    handler = _OPS.get(op[0])
-    if handler is None:
-        return None, SequencerError(f"unknown sequencer operation {op[0]!r} (a newer version?)")
     try:
-        return handler(state, *op[1:]), None
+        return _OPS[op[0]](state, *op[1:]), None
     except DisklessLogError as exc:
         return None, exc
 

@@ -22,9 +22,11 @@ import fsspec
 import pytest
 
 import disklesslog
-from disklesslog import DataLossError
+from disklesslog import DataLossError, ProducerFenced
 from disklesslog.metrics import Metrics
 from disklesslog.objects.storage import ObjectStorage
+from disklesslog.sequencers.conditional import put_if_absent
+from disklesslog.sequencers.objectstore import ObjectStoreSequencer
 from disklesslog.servers.azurite import azure_storage_options
 from disklesslog.servers.gcs import gcs_storage_options  # before gcsfs: see its docstring
 from disklesslog.servers.s3 import s3_storage_options
@@ -158,9 +160,12 @@ def test_storage_layer_on_missing_objects(bucket: Bucket) -> None:
 # ---------------------------------------------------------------- a log
 
 
-def test_log_round_trip(bucket: Bucket, tmp_path: Path) -> None:
+@pytest.mark.parametrize("sequencer_kind", ["objectstore", "sqlite"])
+def test_log_round_trip(bucket: Bucket, tmp_path: Path, sequencer_kind: str) -> None:
+    """Append, reopen, read back; with the default object-store sequencer (in the bucket)
+    and with SQLite beside it."""
     url = bucket.url("log")
-    sequencer = f"sqlite://{tmp_path}/meta.db"
+    sequencer = None if sequencer_kind == "objectstore" else f"sqlite://{tmp_path}/meta.db"
     with disklesslog.open(url, storage_options=bucket.storage_options, sequencer=sequencer) as log:
         writer = log.writer(linger_ms=5)
         futures = [
@@ -180,6 +185,38 @@ def test_log_round_trip(bucket: Bucket, tmp_path: Path) -> None:
             assert [r.offset for r in records] == list(range(50))
             assert [r.value for r in records] == [f"{stream}-{n}".encode() for n in range(50)]
             assert [r.key for r in records] == [f"k{n}".encode() for n in range(50)]
+    if sequencer is None:
+        assert bucket.fs.ls(bucket.path("log/_sequencer/log"))  # entries in the bucket
+
+
+def test_objectstore_sequencer_put_if_absent(bucket: Bucket) -> None:
+    """The object-store sequencer's one primitive, through this client."""
+    path = bucket.path("seq/log/00000000000000000001")
+    assert put_if_absent(bucket.fs, path, b"first")
+    assert not put_if_absent(bucket.fs, path, b"second")
+    assert bucket.fs.cat_file(path) == b"first"
+
+
+def test_fencing_between_two_machines(bucket: Bucket) -> None:
+    """Two handles of one log are two replicas of its object-store sequencer, as on two
+    machines: a named producer started on the second fences the first, whose records
+    never become visible and whose object is recorded for garbage collection."""
+    url = bucket.url("fenced")
+    options = bucket.storage_options
+    with disklesslog.open(url, storage_options=options) as first:
+        assert isinstance(first.sequencer, ObjectStoreSequencer)  # type: ignore[attr-defined]
+        zombie = first.writer(producer="ingest", linger_ms=0)
+        assert zombie.append("s", b"a").result() == 0
+        with disklesslog.open(url, storage_options=options) as second:
+            with second.writer(producer="ingest", linger_ms=0) as successor:
+                assert successor.append("s", b"b").result() == 1
+            with pytest.raises(ProducerFenced):
+                zombie.append("s", b"zombie").result()
+            orphans = second.sequencer.objects_to_delete(0)  # type: ignore[attr-defined]
+            assert len(orphans) == 1
+            assert bucket.fs.exists(bucket.path(f"fenced/{orphans[0]}"))
+    with disklesslog.open(url, storage_options=options, create=False, cache=None) as log:
+        assert [r.value for r in log.stream("s").read()] == [b"a", b"b"]
 
 
 # ---------------------------------------------------------------- missing clients

@@ -1,14 +1,16 @@
 """The sequencer conformance suite: every implementation passes the same tests.
 
-A new sequencer (object store, PostgreSQL) joins by adding a :class:`SequencerKind` to
+A new sequencer joins by adding a :class:`SequencerKind` to
 ``KINDS``: a function that opens an empty sequencer in a fresh directory with the
-injected clock that stamps when objects become garbage.
+injected clock that stamps when objects become garbage (it gets the test's ``request``
+too, for server fixtures and cleanup), and the marks its tests carry.
 """
 
 from __future__ import annotations
 
 import random
 import threading
+import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -54,12 +56,67 @@ class FakeClock:
 @dataclass(frozen=True)
 class SequencerKind:
     name: str
-    open: Callable[[Path, FakeClock], Sequencer]
+    open: Callable[[Path, FakeClock, pytest.FixtureRequest], Sequencer]
+    marks: tuple[pytest.MarkDecorator, ...] = ()
+
+
+def _open_postgres(path: Path, clock: FakeClock, request: pytest.FixtureRequest) -> Sequencer:
+    """A sequencer in a fresh schema of the session's server, dropped after the test
+    (the finalizer runs after the fixture has closed the sequencer)."""
+    from disklesslog.sequencers.postgres import PostgresSequencer
+    from disklesslog.servers.postgres import drop_schema
+
+    url = request.getfixturevalue("postgres_server")
+    schema = f"t_{uuid.uuid4().hex}"
+    request.addfinalizer(lambda: drop_schema(url, schema))
+    return PostgresSequencer(f"{url}?schema={schema}", clock=clock)
+
+
+def _open_objectstore(
+    fs_protocol: str,
+) -> Callable[[Path, FakeClock, pytest.FixtureRequest], Sequencer]:
+    """An object-store sequencer with a checkpoint every 3 entries (so the suite runs
+    through checkpoints too). After the test, a second replica replays the same entries
+    and checkpoints from storage and must reach exactly the same state."""
+
+    def open_(path: Path, clock: FakeClock, request: pytest.FixtureRequest) -> Sequencer:
+        import fsspec
+
+        from disklesslog.sequencers.objectstore import ObjectStoreSequencer
+
+        fs = fsspec.filesystem(fs_protocol)
+        root = str(path / "sequencer") if fs_protocol == "file" else f"/contract-{uuid.uuid4()}"
+
+        def replica() -> ObjectStoreSequencer:
+            return ObjectStoreSequencer(fs, root, clock=clock, checkpoint_every=3)
+
+        first = replica()
+
+        def same_on_replay() -> None:
+            # The state the first replica built entry by entry as the test ran (caught up
+            # with entries it did not write, even if the test closed it) must equal the
+            # state a fresh replica builds from the newest checkpoint and the entries after.
+            with first._lock:
+                first._catch_up()
+                built = first._replica.state.snapshot()
+            assert replica().snapshot() == built
+            if fs_protocol == "memory" and fs.exists(root):
+                fs.rm(root, recursive=True)
+
+        request.addfinalizer(same_on_replay)
+        return first
+
+    return open_
 
 
 KINDS = [
-    SequencerKind("memory", lambda path, clock: MemorySequencer(clock=clock)),
-    SequencerKind("sqlite", lambda path, clock: SqliteSequencer(path / "meta.db", clock=clock)),
+    SequencerKind("memory", lambda path, clock, request: MemorySequencer(clock=clock)),
+    SequencerKind(
+        "sqlite", lambda path, clock, request: SqliteSequencer(path / "meta.db", clock=clock)
+    ),
+    SequencerKind("objectstore-file", _open_objectstore("file")),
+    SequencerKind("objectstore-memory", _open_objectstore("memory")),
+    SequencerKind("postgres", _open_postgres, (pytest.mark.postgres,)),
 ]
 
 
@@ -68,9 +125,9 @@ def clock() -> FakeClock:
     return FakeClock()
 
 
-@pytest.fixture(params=KINDS, ids=lambda kind: kind.name)
+@pytest.fixture(params=[pytest.param(kind, marks=kind.marks, id=kind.name) for kind in KINDS])
 def sequencer(request: pytest.FixtureRequest, tmp_path: Path, clock: FakeClock) -> Iterator[Any]:
-    seq = request.param.open(tmp_path, clock)
+    seq = request.param.open(tmp_path, clock, request)
     yield seq
     seq.close()
 

@@ -434,3 +434,19 @@ def test_remote_log_defaults_to_objectstore(s3_server: str) -> None:
         assert [r.value for r in log.stream("s").read()] == [b"a", b"b"]
     finally:
         log.close()
+
+
+def test_an_entry_from_a_newer_version_stops_replay(local_root: str) -> None:
+    import msgpack
+
+    from disklesslog.errors import SequencerError
+
+    seq = open_local(local_root)
+    seq.create_stream("s", {})
+    entry = objectstore_module.ENTRY_MAGIC + msgpack.packb(
+        [b"x" * 16, 0.0, [["rename_stream", "s", "t"]]], use_bin_type=True
+    )
+    Path(local_root, "log", f"{2:020d}").write_bytes(entry)
+    with pytest.raises(SequencerError, match=r"rename_stream.*upgrade"):
+        open_local(local_root)
+    assert seq.tail == 1  # not applied, not skipped
