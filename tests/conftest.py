@@ -1,9 +1,10 @@
 """Shared fixtures. ``log_factory`` runs the conformance suites against every backend:
 local segments; the object backend on ``memory://`` (memory sequencer) and ``file://``
-(SQLite), both also with the object-store sequencer; and on S3, Azure and GCS through
-real server processes and the real fsspec clients (moto, Azurite, fake-gcs-server;
-marked ``s3``, ``azure``, ``gcs``), sequenced by the object-store sequencer in the
-bucket, the default for remote storage."""
+(SQLite), both also with the object-store sequencer; ``file://`` with PostgreSQL
+(marked ``postgres``); and on S3, Azure and GCS through real server processes and the
+real fsspec clients (moto, Azurite, fake-gcs-server; marked ``s3``, ``azure``, ``gcs``
+and ``slow``), sequenced by the object-store sequencer in the bucket, the default for
+remote storage."""
 
 from __future__ import annotations
 
@@ -69,6 +70,29 @@ def _file_objectstore(
     )
 
 
+def _file_postgres(
+    path: Path, options: dict[str, Any], request: pytest.FixtureRequest
+) -> AbstractLog:
+    """file:// objects sequenced by PostgreSQL, in a schema of the test's own (one name
+    per test directory, so reopening finds the same one), dropped after the test."""
+    from disklesslog.servers.postgres import drop_schema
+
+    server = request.getfixturevalue("postgres_server")
+    schema = f"t_{_token(path)}"
+    if schema not in _SCHEMAS:
+        _SCHEMAS.add(schema)
+        request.addfinalizer(lambda: drop_schema(server, schema))
+    return disklesslog.open(
+        f"file://{path}/objects-log",
+        backend="objects",
+        sequencer=f"{server}?schema={schema}",
+        **options,
+    )
+
+
+_SCHEMAS: set[str] = set()
+
+
 def _s3(path: Path, options: dict[str, Any], request: pytest.FixtureRequest) -> AbstractLog:
     import s3fs
 
@@ -122,6 +146,11 @@ BACKENDS = [
     ),
     pytest.param(
         Backend("file-objectstore", _file_objectstore, objects=True), id="file-objectstore"
+    ),
+    pytest.param(
+        Backend("file-postgres", _file_postgres, objects=True),
+        id="file-postgres",
+        marks=pytest.mark.postgres,
     ),
     # The emulators answer in milliseconds, not microseconds: their full conformance runs
     # belong to the whole suite (slow); tests/objects/test_clouds.py keeps a quick round
