@@ -28,7 +28,6 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import math
-import multiprocessing
 import os
 import threading
 import time
@@ -61,7 +60,6 @@ from disklesslog.sequencers.memory import MemorySequencer
 VALUE_SIZE = 100
 OBJECT_BYTES = 8 << 20  # the writer's default max_object_bytes
 BLOCK_SIZE = 4 << 20  # BlockCache's default block size
-SPAWN = multiprocessing.get_context("spawn")
 
 
 class PlanLike(Protocol):

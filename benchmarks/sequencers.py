@@ -30,10 +30,11 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from common import Variant
 from measured import Collect, Column, Extras, MeasuredGroup, MeasuredResult, MetricGoal, percentiles
+from objects import PlanLike
 
 from disklesslog.sequencers import BatchToCommit, Sequencer, open_sequencer
 from disklesslog.sequencers.memory import MemorySequencer
@@ -44,12 +45,6 @@ SEQ_RECORDS = 10  # records (and producer sequence numbers) per batch
 VALUE_SIZE = 100
 
 GROUP_KEYS = ("obj-sequencer",)
-
-
-class PlanLike(Protocol):
-    quick: bool
-
-    def n(self, full: int, quick: int) -> int: ...
 
 
 # ----------------------------------------------------------------- environment
