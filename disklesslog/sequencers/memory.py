@@ -358,6 +358,11 @@ class MemorySequencer(Sequencer):
 
     # ---------------------------------------------------------------- snapshots
 
+    def live_batches(self) -> int:
+        """How many live batches all streams hold (the size of a snapshot)."""
+        with self._lock:
+            return len(self._batch_index)
+
     def snapshot(self) -> dict[str, Any]:
         """The whole state as plain lists, ints and strings (msgpack- and JSON-ready).
 

@@ -23,8 +23,9 @@ Consequences worth knowing:
 * Group commit: callers of one instance queue their operations and one of them writes
   the whole queue as a single entry, so N concurrent writers in a process cost one PUT.
 * Checkpoints ``<root>/checkpoints/<entry>-<unix ms>`` hold the whole state every
-  ``checkpoint_every`` entries; a process opening the log loads the newest and replays
-  what follows. Entries and checkpoints older than a checkpoint that is itself older
+  ``checkpoint_every`` entries, further apart as the state grows (so their cost per
+  entry stays bounded); a process opening the log loads the newest and replays what
+  follows. Entries and checkpoints older than a checkpoint that is itself older
   than ``entry_retention_seconds`` are deleted. A replica that has not confirmed its
   tail for a quarter of that time lists the checkpoints before trusting a missing entry,
   so an entry deleted under it can never be mistaken for a free number.
@@ -85,6 +86,9 @@ MAX_OPS_PER_ENTRY = 512
 """Operations one group commit writes at most (bounds an entry's size)."""
 RECENT_ENTRY_IDS = 1024
 """Entry ids remembered to ignore an entry that turns up twice (a delayed retry)."""
+CHECKPOINT_BATCHES_PER_ENTRY = 40
+"""Live batches a checkpoint may write per entry since the previous one (its cost, spread
+over the entries it saves a replay of)."""
 PREFETCH = 8
 """Entries fetched at once while catching up (one concurrent request batch)."""
 
@@ -351,7 +355,7 @@ class ObjectStoreSequencer(Sequencer):
                     self._catch_up()
                 with self._lock:
                     if all(s.done for s in group):
-                        due = created and number % self._checkpoint_every == 0
+                        due = created and self._checkpoint_due(number)
                         if due and self._replica.tail == number:
                             replica = self._replica
                             return number, replica.state.snapshot(), list(replica.recent)
@@ -364,6 +368,19 @@ class ObjectStoreSequencer(Sequencer):
         finally:
             with self._lock:
                 self._awaiting.pop(entry_id, None)
+
+    def _checkpoint_due(self, number: int) -> bool:
+        """Whether entry ``number`` (just applied) is followed by a checkpoint: every
+        ``checkpoint_every`` entries while the state is small; further apart as it grows
+        (a power-of-two multiple), so that writing the whole state costs at most about
+        :data:`CHECKPOINT_BATCHES_PER_ENTRY` live batches per entry since the last one.
+        Every replica decides alike, from the same state, so one process writes it."""
+        if number % self._checkpoint_every:
+            return False
+        live = self._replica.state.live_batches()
+        wanted = live // (CHECKPOINT_BATCHES_PER_ENTRY * self._checkpoint_every)
+        stride = 1 << max(0, wanted.bit_length() - 1) if wanted else 1
+        return (number // self._checkpoint_every) % stride == 0
 
     def _put_entry(self, number: int, data: bytes) -> bool:
         """Put-if-absent with retries of failures whose outcome is unknown. A retry that

@@ -6,6 +6,7 @@ checks after every test that a fresh replica replays to the same state."""
 
 from __future__ import annotations
 
+import itertools
 import multiprocessing
 import threading
 import uuid
@@ -450,3 +451,21 @@ def test_an_entry_from_a_newer_version_stops_replay(local_root: str) -> None:
     with pytest.raises(SequencerError, match=r"rename_stream.*upgrade"):
         open_local(local_root)
     assert seq.tail == 1  # not applied, not skipped
+
+
+def test_checkpoints_spread_out_as_the_state_grows(local_root: str) -> None:
+    """A checkpoint writes the whole state: as it grows, checkpoints come further apart
+    (bounded cost per entry), never further than the state's size warrants."""
+    seq = open_local(local_root, checkpoint_every=2)
+    seq.create_stream("s", {})
+    for i in range(120):
+        seq.commit(f"o{i}", [batch("s") for _ in range(10)])  # 10 live batches per entry
+    names = sorted(p.name for p in Path(local_root, "checkpoints").iterdir())
+    entries = [int(name[:20]) for name in names]
+    gaps = [b - a for a, b in itertools.pairwise(entries)]
+    assert gaps[:3] == [2, 2, 2]  # a small state: every checkpoint_every entries
+    assert max(gaps) > 2  # spread out later...
+    live = 1200
+    per_entry = objectstore_module.CHECKPOINT_BATCHES_PER_ENTRY
+    assert max(gaps) <= 2 * max(1, live // (per_entry * 2))  # ...within the bound
+    assert open_local(local_root).snapshot() == seq.snapshot()
