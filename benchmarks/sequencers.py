@@ -279,7 +279,7 @@ def _group_commit_line(result: MeasuredResult) -> list[str]:
     ratio = four / one
     verdict = "MET" if ratio >= 0.95 else "NOT MET"
     return [
-        "- goal: **object-store sequencer group commit keeps total commits/s flat or rising "
+        "goal: **object-store sequencer group commit keeps total commits/s flat or rising "
         f"from 1 to 4 writers (>= 0.95x): 4 threads {four:,.0f} vs 1 writer {one:,.0f} "
         f"commits/s = {ratio:.2f}x: {verdict}**"
     ]

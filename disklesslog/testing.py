@@ -13,8 +13,8 @@ depends on disklesslog can use these fixtures without importing anything:
 ``s3_log``
     an object-storage log on a real S3 API: a moto server process on 127.0.0.1 (started
     once per test session), reached through s3fs, in a fresh bucket per test, sequenced
-    by SQLite in the test's temporary directory. Needs the ``dev`` extra (``moto[server]``,
-    ``s3fs``); tests using it should be marked ``s3``.
+    by the default for remote storage, the object-store sequencer in the bucket. Needs
+    the ``dev`` extra (``moto[server]``, ``s3fs``); tests using it should be marked ``s3``.
 ``s3_server``
     the endpoint URL of that moto server (session-scoped), for tests of their own.
 ``azure_log`` / ``azure_server``
@@ -193,8 +193,8 @@ def s3_server() -> Iterator[str]:
 
 
 @pytest.fixture
-def s3_log(s3_server: str, tmp_path: Path) -> Iterator[AbstractLog]:
-    yield from _log_in_new_bucket("s3", s3_storage_options(s3_server), tmp_path)
+def s3_log(s3_server: str) -> Iterator[AbstractLog]:
+    yield from _log_in_new_bucket("s3", s3_storage_options(s3_server))
 
 
 @pytest.fixture(scope="session")
@@ -213,10 +213,10 @@ def azure_server() -> Iterator[str]:
 
 
 @pytest.fixture
-def azure_log(azure_server: str, tmp_path: Path) -> Iterator[AbstractLog]:
+def azure_log(azure_server: str) -> Iterator[AbstractLog]:
     from .servers.azurite import azure_storage_options  # noqa: PLC0415
 
-    yield from _log_in_new_bucket("az", azure_storage_options(azure_server), tmp_path)
+    yield from _log_in_new_bucket("az", azure_storage_options(azure_server))
 
 
 @pytest.fixture(scope="session")
@@ -238,10 +238,10 @@ def gcs_server() -> Iterator[str]:
 
 
 @pytest.fixture
-def gcs_log(gcs_server: str, tmp_path: Path) -> Iterator[AbstractLog]:
+def gcs_log(gcs_server: str) -> Iterator[AbstractLog]:
     from .servers.gcs import gcs_storage_options  # noqa: PLC0415 - sets the gcsfs variable
 
-    yield from _log_in_new_bucket("gs", gcs_storage_options(gcs_server), tmp_path)
+    yield from _log_in_new_bucket("gs", gcs_storage_options(gcs_server))
 
 
 def create_bucket(protocol: str, storage_options: dict[str, Any], name: str | None = None) -> str:
@@ -258,16 +258,10 @@ def create_bucket(protocol: str, storage_options: dict[str, Any], name: str | No
     return name
 
 
-def _log_in_new_bucket(
-    protocol: str, storage_options: dict[str, Any], tmp_path: Path
-) -> Iterator[AbstractLog]:
-    """A log in a fresh bucket, sequenced by SQLite in the test's directory."""
+def _log_in_new_bucket(protocol: str, storage_options: dict[str, Any]) -> Iterator[AbstractLog]:
+    """A log in a fresh bucket, with the default sequencer (in the bucket)."""
     bucket = create_bucket(protocol, storage_options)
-    log = disklesslog.open(
-        f"{protocol}://{bucket}/log",
-        storage_options=storage_options,
-        sequencer=f"sqlite://{tmp_path}/meta.db",
-    )
+    log = disklesslog.open(f"{protocol}://{bucket}/log", storage_options=storage_options)
     yield log
     log.close()
 
