@@ -19,7 +19,13 @@ from typing import Any
 
 import fsspec
 
-from ..errors import ConfigError, DataLossError, InvalidURL, MissingDependencyError
+from ..errors import (
+    ConfigError,
+    DataLossError,
+    DisklessLogError,
+    InvalidURL,
+    MissingDependencyError,
+)
 from ..metrics import Metrics
 
 __all__ = ["OBJECTS", "SEQUENCER_DIR", "ObjectStorage", "open_filesystem"]
@@ -98,13 +104,19 @@ class ObjectStorage:
 
     def put(self, key: str, data: bytes) -> None:
         """Store ``data`` under ``key``, retrying failures with exponential backoff and
-        jitter. Safe to retry: the key is unique and the bytes are the same."""
+        jitter. Safe to retry: the key is unique and the bytes are the same. After the
+        last attempt the failure is raised as :class:`OSError` (chained to the client's)."""
         path = self.path(key)
         for attempt in range(1, self.put_attempts + 1):
             started = time.monotonic()
             try:
                 self._write(path, data)
-            except (OSError, TimeoutError) as exc:
+            except DisklessLogError:
+                raise
+            except Exception as exc:
+                # Clients raise their own transient errors (gcsfs's HttpError, Azure's
+                # ServiceRequestError are not OSErrors); retrying any failure is safe here
+                # (a unique key, the same bytes), and the last one is reported as OSError.
                 self.metrics.add("put_errors")
                 if attempt == self.put_attempts:
                     raise OSError(

@@ -393,7 +393,7 @@ class ObjectStoreSequencer(Sequencer):
                 return put_if_absent(self._fs, path, data)
             except DisklessLogError:
                 raise
-            except (OSError, TimeoutError) as exc:
+            except Exception as exc:  # clients' own transient errors are not OSErrors
                 if attempt == 5:
                     raise OSError(
                         f"{self.url}: could not write sequencer entry {number}: {exc}; the "
