@@ -139,7 +139,7 @@ class ProducerFenced(SequencerError):
 
 class OutOfOrderSequence(SequencerError):
     """A producer's batch skipped or repeated sequence numbers in a way that is neither
-    the next batch nor an exact retry of one of its last five: records would be lost
+    the next batch nor a retry of records it committed recently: records would be lost
     or duplicated, so the whole commit was refused."""
 
 

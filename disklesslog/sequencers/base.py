@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any
 
+from ..errors import DisklessLogError
+
 __all__ = [
     "NO_PRODUCER",
     "BatchLocation",
@@ -143,12 +145,33 @@ class Sequencer(ABC):
 
         Offsets are assigned in the order of ``batches``, each stream continuing from its
         end offset. For a producer's batch (``producer_id >= 0``) the rules of
-        :mod:`~disklesslog.sequencers.producers` apply: an exact repeat of one of its
-        last five batches on that stream is answered with the original offsets
+        :mod:`~disklesslog.sequencers.producers` apply: a repeat of records from its
+        last five runs of batches on that stream is answered with the original offsets
         (``duplicate=True``) and not stored again; any other rejection (fenced epoch,
         sequence gap, unknown stream or producer) refuses the whole commit and changes
         nothing. Committing the same object key again is allowed (a retry).
         """
+
+    def commit_many(
+        self, objects: Sequence[tuple[str, Sequence[BatchToCommit]]]
+    ) -> list[list[CommitResult] | DisklessLogError]:
+        """Commit several uploaded objects ``(object_key, batches)`` in this order, in one
+        round trip where the implementation can (the object-store sequencer writes them
+        as one entry): a writer's group commit of the flushes it has waiting.
+
+        Each object is judged on its own, exactly as by :meth:`commit`: atomic, in order,
+        and a refused one does not stop the next. Returns, per object, its results or the
+        :class:`~disklesslog.DisklessLogError` that refused it (StreamNotFound,
+        ProducerFenced, OutOfOrderSequence...). Any other exception (a lost connection)
+        leaves the outcome of every object unknown, like a failed :meth:`commit`.
+        """
+        outcomes: list[list[CommitResult] | DisklessLogError] = []
+        for object_key, batches in objects:
+            try:
+                outcomes.append(self.commit(object_key, batches))
+            except DisklessLogError as exc:
+                outcomes.append(exc)
+        return outcomes
 
     @abstractmethod
     def record_orphan(self, object_key: str) -> None:

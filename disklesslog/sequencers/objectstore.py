@@ -21,7 +21,8 @@ Consequences worth knowing:
   so it is never applied twice, and an entry id seen recently is ignored if it turns
   up again under another number.
 * Group commit: callers of one instance queue their operations and one of them writes
-  the whole queue as a single entry, so N concurrent writers in a process cost one PUT.
+  the whole queue as a single entry, so N concurrent writers in a process cost one PUT;
+  :meth:`ObjectStoreSequencer.commit_many` queues a writer's waiting flushes together.
 * Checkpoints ``<root>/checkpoints/<entry>-<unix ms>`` hold the whole state every
   ``checkpoint_every`` entries, further apart as the state grows (so their cost per
   entry stays bounded); a process opening the log loads the newest and replays what
@@ -246,22 +247,26 @@ class ObjectStoreSequencer(Sequencer):
 
     def commit(self, object_key: str, batches: Sequence[BatchToCommit]) -> list[CommitResult]:
         check_object_key(object_key)
-        rows = [
-            [
-                b.stream,
-                b.position,
-                b.size,
-                b.span,
-                b.record_count,
-                b.max_timestamp,
-                b.producer_id,
-                b.producer_epoch,
-                b.base_sequence,
-            ]
-            for b in check_batches(batches)
-        ]
-        result: list[CommitResult] = self._submit(["commit", object_key, rows])
+        result: list[CommitResult] = self._submit(["commit", object_key, _rows(batches)])
         return result
+
+    def commit_many(
+        self, objects: Sequence[tuple[str, Sequence[BatchToCommit]]]
+    ) -> list[list[CommitResult] | DisklessLogError]:
+        """Every object's commit as one operation each, written together in one entry
+        (unless other callers' operations fill it first: then in consecutive entries)."""
+        ops = [["commit", check_object_key(key), _rows(batches)] for key, batches in objects]
+        outcomes: list[list[CommitResult] | DisklessLogError] = []
+        for slot in self._submit_many(ops):
+            if slot.error is None:
+                outcomes.append(slot.value)
+            elif isinstance(slot.error, DisklessLogError) and not isinstance(
+                slot.error, LogClosedError
+            ):
+                outcomes.append(slot.error)
+            else:
+                raise slot.error
+        return outcomes
 
     def record_orphan(self, object_key: str) -> None:
         check_object_key(object_key)
@@ -299,18 +304,23 @@ class ObjectStoreSequencer(Sequencer):
     # ---------------------------------------------------------- group commit
 
     def _submit(self, op: list[Any]) -> Any:
-        """Queue ``op`` and wait for its outcome. The first waiter that finds nobody
-        writing becomes the leader and writes every queued operation as one entry."""
+        """Apply ``op`` through the group-commit queue; its result, or raise its error."""
+        return self._submit_many([op])[0].result()
+
+    def _submit_many(self, ops: list[list[Any]]) -> list[_Slot]:
+        """Queue ``ops`` (together, in order) and wait until all are applied. The first
+        waiter that finds nobody writing becomes the leader and writes every queued
+        operation as one entry."""
         self._check_open()
-        slot = _Slot(op)
+        slots = [_Slot(op) for op in ops]
         with self._queue_cond:
-            self._queue.append(slot)
+            self._queue.extend(slots)
         while True:
             with self._queue_cond:
-                while self._leading and not slot.done:
+                while self._leading and not all(s.done for s in slots):
                     self._queue_cond.wait()
-                if slot.done:
-                    return slot.result()
+                if all(s.done for s in slots):
+                    return slots
                 self._leading = True
                 group = self._queue[:MAX_OPS_PER_ENTRY]
                 del self._queue[:MAX_OPS_PER_ENTRY]
@@ -631,6 +641,24 @@ def _apply_op(state: MemorySequencer, op: list[Any]) -> tuple[Any, BaseException
         return _OPS[op[0]](state, *op[1:]), None
     except DisklessLogError as exc:
         return None, exc
+
+
+def _rows(batches: Sequence[BatchToCommit]) -> list[list[Any]]:
+    """A commit's batches as they are stored in an entry (checked first)."""
+    return [
+        [
+            b.stream,
+            b.position,
+            b.size,
+            b.span,
+            b.record_count,
+            b.max_timestamp,
+            b.producer_id,
+            b.producer_epoch,
+            b.base_sequence,
+        ]
+        for b in check_batches(batches)
+    ]
 
 
 def _commit(state: MemorySequencer, key: str, rows: list[list[Any]]) -> list[CommitResult]:

@@ -2,16 +2,26 @@
 
 A writer gets ``(producer_id, epoch)`` from :meth:`Sequencer.init_producer` and numbers
 its records per stream: each batch carries the sequence number of its first record.
-For every (producer, stream) the sequencer keeps the epoch it last saw and the last
-five batches it accepted. A batch is then, in this order:
+For every (producer, stream) the sequencer keeps the epoch it last saw and its last
+five **runs**: a run is a stretch of accepted batches that are consecutive both in
+sequence numbers and in offsets (what one commit, or several commits in a row with no
+other producer's batch between them, stored). A batch is then, in this order:
 
 1. **fenced** if its epoch is below the producer's current epoch (a newer instance of a
    named producer was initialised), or names an unknown producer or future epoch;
-2. **a duplicate** if it repeats one of those five batches exactly (same first and last
-   sequence number): the commit answers with the original offsets and stores nothing;
+2. **a duplicate** if its sequence numbers lie inside one of those runs: the commit
+   answers with the original offsets (the run's base offset plus the distance in
+   sequence numbers) and stores nothing;
 3. **accepted** if it continues the sequence (first sequence = last accepted + 1, or 0
    for the first batch of a new epoch);
 4. **out of order** otherwise: a gap or a partial overlap would lose or duplicate records.
+
+Kafka remembers five *batches*, which suffices for its five requests in flight. A
+writer here retries a whole commit, or a group of commits, which may hold any number of
+batches of one stream; tracking runs recognises every one of them, in constant space.
+A batch joins a run only if its base offset is where the run's sequence numbers put it
+(``run base offset + first sequence - run's first sequence``), so a retried batch's
+first record always maps back to its original offset.
 
 The functions are pure: sequencers load the state, call :func:`decide` and
 :func:`advance` batch by batch inside their commit transaction, and store the result.
@@ -25,10 +35,10 @@ from dataclasses import dataclass
 from ..errors import OutOfOrderSequence, ProducerFenced
 from .base import NO_PRODUCER, BatchToCommit
 
-__all__ = ["TRACKED_BATCHES", "ProducerStreamState", "advance", "decide"]
+__all__ = ["TRACKED_RUNS", "ProducerStreamState", "advance", "decide"]
 
-TRACKED_BATCHES = 5
-"""Batches remembered per (producer, stream) for deduplication (Kafka's 5 in flight)."""
+TRACKED_RUNS = 5
+"""Runs of batches remembered per (producer, stream) for deduplication."""
 
 
 @dataclass(frozen=True)
@@ -36,7 +46,9 @@ class ProducerStreamState:
     """What a sequencer remembers about one producer on one stream.
 
     ``batches`` holds ``(first_sequence, last_sequence, base_offset)`` of the last
-    accepted batches, oldest first, at most :data:`TRACKED_BATCHES`.
+    accepted runs, oldest first, at most :data:`TRACKED_RUNS`: a batch of the run whose
+    first sequence number is ``q`` has base offset ``base_offset + q - first_sequence``.
+    (A state stored when every entry was a single batch reads the same way.)
     """
 
     epoch: int
@@ -92,14 +104,14 @@ def decide(
             )
         return None
     for known_first, known_last, base_offset in state.batches:
-        if known_first == first and known_last == last:
-            return base_offset
+        if known_first <= first and last <= known_last:
+            return base_offset + first - known_first
     expected = state.batches[-1][1] + 1 if state.batches else 0
     if first != expected:
         raise OutOfOrderSequence(
-            f"producer {batch.producer_id} on stream {batch.stream!r}: batch starts at "
-            f"sequence {first}, expected {expected} (or an exact retry of one of the last "
-            f"{TRACKED_BATCHES} batches)"
+            f"producer {batch.producer_id} on stream {batch.stream!r}: batch has sequence "
+            f"numbers {first}..{last}, expected it to start at {expected} (or to repeat "
+            f"records of its last {TRACKED_RUNS} runs of batches)"
         )
     return None
 
@@ -107,10 +119,19 @@ def decide(
 def advance(
     state: ProducerStreamState | None, batch: BatchToCommit, base_offset: int
 ) -> ProducerStreamState:
-    """The (producer, stream) state after accepting ``batch`` at ``base_offset``."""
-    kept: tuple[tuple[int, int, int], ...] = ()
-    if state is not None and state.epoch == batch.producer_epoch:
-        kept = state.batches[-(TRACKED_BATCHES - 1) :]
+    """The (producer, stream) state after accepting ``batch`` at ``base_offset``: the
+    batch extends the last run if it follows it in both sequence and offset, else it
+    starts a new run (and the oldest of more than :data:`TRACKED_RUNS` is forgotten)."""
     first = batch.base_sequence
-    entry = (first, first + batch.record_count - 1, base_offset)
-    return ProducerStreamState(batch.producer_epoch, (*kept, entry))
+    last = first + batch.record_count - 1
+    runs: tuple[tuple[int, int, int], ...] = ()
+    if state is not None and state.epoch == batch.producer_epoch:
+        runs = state.batches
+    if runs:
+        run_first, run_last, run_base = runs[-1]
+        if first == run_last + 1 and base_offset == run_base + first - run_first:
+            return ProducerStreamState(
+                batch.producer_epoch, (*runs[:-1], (run_first, last, run_base))
+            )
+    kept = runs[-(TRACKED_RUNS - 1) :]
+    return ProducerStreamState(batch.producer_epoch, (*kept, (first, last, base_offset)))

@@ -360,6 +360,30 @@ def test_producer_sequence_counts_records_not_span(sequencer: Sequencer) -> None
     assert offsets(sequencer.commit("o3", [batch("a", producer=p, seq=3)])) == [10]
 
 
+def test_commit_many_judges_each_object_on_its_own(sequencer: Sequencer) -> None:
+    """A writer's group commit: objects in order, each atomic, a refusal stops nothing."""
+    make(sequencer, "a", "b")
+    p = sequencer.init_producer()
+    first = [batch("a", 2, producer=p, seq=0), batch("b", producer=p, seq=0, position=100)]
+    outcomes = sequencer.commit_many(
+        [
+            ("o1", first),
+            ("o2", [batch("a", producer=p, seq=5)]),  # a gap: refused
+            ("o3", [batch("b", 2), batch("nope")]),  # an unknown stream: all of o3 refused
+            ("o4", [batch("a", producer=p, seq=2), batch("b", 3, position=100)]),
+            ("o1", first),  # a retry of o1: duplicates
+        ]
+    )
+    assert offsets(outcomes[0]) == [0, 0]  # type: ignore[arg-type]
+    assert isinstance(outcomes[1], OutOfOrderSequence)
+    assert isinstance(outcomes[2], StreamNotFound)
+    assert offsets(outcomes[3]) == [2, 1]  # type: ignore[arg-type]
+    assert outcomes[4] == [CommitResult(0, True), CommitResult(0, True)]
+    assert (sequencer.stream_info("a").end_offset, sequencer.stream_info("b").end_offset) == (3, 4)
+    assert [b.object_key for b in all_batches(sequencer, "b")] == ["o1", "o4"]
+    assert sequencer.commit_many([]) == []
+
+
 def test_empty_commit_records_a_dead_object(sequencer: Sequencer) -> None:
     assert sequencer.commit("empty", []) == []
     assert sequencer.objects_to_delete(0) == ["empty"]
@@ -484,30 +508,68 @@ def test_a_repeat_inside_one_commit_is_a_duplicate(sequencer: Sequencer) -> None
     assert sequencer.stream_info("a").end_offset == 2
 
 
-def test_only_the_last_five_batches_are_deduplicated(sequencer: Sequencer) -> None:
+def test_only_the_last_five_runs_are_deduplicated(sequencer: Sequencer) -> None:
+    """Batches separated by another writer's batch form separate runs; five are kept."""
     make(sequencer, "a")
     p = sequencer.init_producer()
     for s in range(6):
         sequencer.commit(f"o{s}", [batch("a", producer=p, seq=s)])
+        sequencer.commit(f"x{s}", [batch("a")])  # another writer's batch between
     for s in range(1, 6):
-        assert sequencer.commit(f"r{s}", [batch("a", producer=p, seq=s)]) == [CommitResult(s, True)]
+        assert sequencer.commit(f"r{s}", [batch("a", producer=p, seq=s)]) == [
+            CommitResult(2 * s, True)
+        ]
     with pytest.raises(OutOfOrderSequence):
         sequencer.commit("r0", [batch("a", producer=p, seq=0)])
-    assert sequencer.stream_info("a").end_offset == 6
+    assert sequencer.stream_info("a").end_offset == 12
+
+
+def test_a_retried_commit_of_many_batches_of_one_stream_is_recognised(
+    sequencer: Sequencer,
+) -> None:
+    """A writer retries whole commits (or groups of them); one may hold far more than
+    five batches of a stream, and every one of them is a duplicate on retry."""
+    make(sequencer, "a", "b")
+    p = sequencer.init_producer()
+    first = [batch("a", 2, producer=p, seq=2 * i, position=i) for i in range(20)]
+    first.append(batch("b", producer=p, seq=0))
+    assert offsets(sequencer.commit("o1", first)) == [*range(0, 40, 2), 0]
+    second = [batch("a", 2, producer=p, seq=40 + 2 * i) for i in range(8)]
+    assert offsets(sequencer.commit("o2", second)) == list(range(40, 56, 2))
+    again = sequencer.commit("o1", first) + sequencer.commit("o2", second)
+    assert all(r.duplicate for r in again)
+    assert offsets(again) == [*range(0, 40, 2), 0, *range(40, 56, 2)]
+    assert sequencer.stream_info("a").end_offset == 56
 
 
 @pytest.mark.parametrize(
-    "seq_no, records",
-    [(4, 1), (2, 2), (1, 1), (0, 2)],
-    ids=["gap", "overlap", "inside", "prefix"],
+    "seq_no, records", [(4, 1), (2, 2), (0, 4)], ids=["gap", "overlap-end", "overlap-all"]
 )
 def test_out_of_order_sequences(sequencer: Sequencer, seq_no: int, records: int) -> None:
     make(sequencer, "a")
     p = sequencer.init_producer()
     sequencer.commit("o1", [batch("a", 3, producer=p, seq=0)])  # sequences 0..2
+    sequencer.commit("o2", [batch("a", 1, producer=p, seq=3)])  # 3, in the same run
     with pytest.raises(OutOfOrderSequence):
-        sequencer.commit("o2", [batch("a", records, producer=p, seq=seq_no)])
-    assert sequencer.stream_info("a").end_offset == 3
+        sequencer.commit("o3", [batch("a", records, producer=p, seq=seq_no + 1)])
+    assert sequencer.stream_info("a").end_offset == 4
+
+
+@pytest.mark.parametrize(
+    "seq_no, records", [(1, 1), (0, 2), (2, 2)], ids=["inside", "prefix", "tail"]
+)
+def test_records_already_committed_are_duplicates(
+    sequencer: Sequencer, seq_no: int, records: int
+) -> None:
+    """Sequence numbers wholly inside an accepted run were stored already: nothing is
+    stored again, and the answer is the offset of the first of them."""
+    make(sequencer, "a")
+    p = sequencer.init_producer()
+    sequencer.commit("o1", [batch("a", 3, producer=p, seq=0)])  # sequences 0..2
+    sequencer.commit("o2", [batch("a", 1, producer=p, seq=3)])  # 3, in the same run
+    result = sequencer.commit("o3", [batch("a", records, producer=p, seq=seq_no)])
+    assert result == [CommitResult(seq_no, True)]
+    assert sequencer.stream_info("a").end_offset == 4
 
 
 def test_a_producer_must_start_each_stream_and_epoch_at_zero(sequencer: Sequencer) -> None:

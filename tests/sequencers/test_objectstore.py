@@ -189,6 +189,22 @@ def test_group_commit_writes_fewer_entries_than_operations(local_root: str) -> N
     assert seq.tail < 1 + 160  # grouped: fewer entries than operations
 
 
+def test_commit_many_is_one_entry(local_root: str) -> None:
+    """A writer's waiting flushes cost one entry (one PUT), however many there are."""
+    seq = open_local(local_root)
+    seq.create_stream("s", {})
+    p = seq.init_producer()
+    before = seq.tail
+    outcomes = seq.commit_many(
+        [(f"o{i}", [batch("s", 2, producer=p, seq=2 * i)]) for i in range(6)]
+        + [("bad", [batch("missing")])]
+    )
+    assert seq.tail == before + 1
+    assert [o[0].base_offset for o in outcomes[:6]] == [0, 2, 4, 6, 8, 10]  # type: ignore[index]
+    assert isinstance(outcomes[6], StreamNotFound)
+    assert open_local(local_root).stream_info("s").end_offset == 12  # what a replica replays
+
+
 def test_a_rejected_operation_in_a_group_does_not_reject_the_others(local_root: str) -> None:
     seq = open_local(local_root)
     seq.create_stream("s", {})

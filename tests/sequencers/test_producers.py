@@ -7,7 +7,7 @@ import pytest
 from disklesslog.errors import OutOfOrderSequence, ProducerFenced
 from disklesslog.sequencers import NO_PRODUCER, BatchToCommit
 from disklesslog.sequencers.producers import (
-    TRACKED_BATCHES,
+    TRACKED_RUNS,
     ProducerStreamState,
     advance,
     decide,
@@ -64,25 +64,38 @@ def test_a_new_epoch_starts_at_zero_whatever_came_before() -> None:
 def test_the_next_batch_continues_the_sequence() -> None:
     state = history((0, 2, 0), (3, 4, 3))
     assert decide(state, 0, b(5, 2)) is None
-    for wrong in (4, 6, 2):  # overlap, gap, straddling two batches
-        with pytest.raises(OutOfOrderSequence, match="expected 5"):
+    for wrong in (6, 8):  # gaps
+        with pytest.raises(OutOfOrderSequence, match="start at 5"):
             decide(state, 0, b(wrong, 2))
+    with pytest.raises(OutOfOrderSequence):  # overlaps the end: part new, part repeated
+        decide(state, 0, b(4, 2))
 
 
-def test_an_exact_repeat_answers_with_the_original_offset() -> None:
-    state = history((0, 2, 100), (3, 4, 200))
+def test_a_repeat_answers_with_the_original_offsets() -> None:
+    state = history((0, 2, 100), (3, 9, 200))
     assert decide(state, 0, b(0, 3)) == 100
     assert decide(state, 0, b(3, 2)) == 200
-    with pytest.raises(OutOfOrderSequence):  # same start, different end: not exact
-        decide(state, 0, b(3, 1))
+    assert decide(state, 0, b(5, 4)) == 202  # inside a run of several batches
+    with pytest.raises(OutOfOrderSequence):  # straddles two runs
+        decide(state, 0, b(2, 2))
 
 
-def test_advance_keeps_the_last_five_batches() -> None:
+def test_consecutive_batches_form_one_run() -> None:
+    """Batches following each other in sequence and offset extend one run, so the retry
+    of a commit holding any number of one stream's batches is recognised."""
     state = None
-    for i in range(7):
+    for i in range(50):
+        state = advance(state, b(i * 2, 2), 1000 + i * 2)
+    assert state is not None and state.batches == ((0, 99, 1000),)
+    assert [decide(state, 0, b(i * 2, 2)) for i in range(50)] == [1000 + i * 2 for i in range(50)]
+
+
+def test_advance_keeps_the_last_five_runs() -> None:
+    state = None
+    for i in range(7):  # offsets jump: another producer wrote between these batches
         state = advance(state, b(i * 2, 2), i * 10)
     assert state is not None
-    assert len(state.batches) == TRACKED_BATCHES == 5
+    assert len(state.batches) == TRACKED_RUNS == 5
     assert state.batches[0] == (4, 5, 20)
     assert state.batches[-1] == (12, 13, 60)
     assert decide(state, 0, b(4, 2)) == 20
