@@ -1,15 +1,19 @@
 """The buffering :class:`Writer`: appends to many streams, flushed as batches in the background.
 
 The machinery is shared by both backends: per-stream buffers, a linger timer, a byte
-bound with back-pressure, one flusher thread, and futures resolved with offsets. A
-backend supplies :meth:`Writer._write`, which stores one flush: the local backend
-appends each stream's batches to its segments; the object backend writes one object
-and makes one sequencer commit. Backends that number their batches (idempotent
-producers) also supply :meth:`Writer._producer_fields` and the flush hooks.
+bound with back-pressure, one flusher thread, and futures resolved with offsets. A flush
+is taken from the buffers, encoded (:meth:`Writer._prepare`) and handed to the backend
+(:meth:`Writer._dispatch`). A synchronous backend supplies :meth:`Writer._write`, which
+stores one flush before returning: the local backend appends each stream's batches to
+its segments. A pipelined backend overrides ``_dispatch`` and settles the flush later
+with :meth:`Writer._finish`: the object backend uploads while earlier flushes commit.
+Backends that number their batches (idempotent producers) supply
+:meth:`Writer._producer_fields`.
 """
 
 from __future__ import annotations
 
+import collections
 import threading
 import time
 from abc import ABC, abstractmethod
@@ -140,6 +144,20 @@ class _Whole:
 _Part = _Loose | _Whole
 
 
+@dataclass(eq=False)
+class _Flush:
+    """One flush on its way to storage: each stream's encoded batches (``work``), the
+    buffered parts whose futures they settle (``parts``, aligned with ``work``), the
+    buffer bytes it holds (``freed`` when it finishes) and how many appends it completes
+    (``target``: flush() callers wait for the appends accepted before theirs)."""
+
+    work: list[tuple[str, list[EncodedBatch]]]
+    parts: list[list[_Part]]
+    freed: int
+    target: int
+    done: bool = False
+
+
 @dataclass
 class _StreamBuffer:
     config: StreamConfig
@@ -189,6 +207,9 @@ class Writer(ABC):
         self._accepted = 0
         self._completed = 0
         self._flush_wanted = False
+        self._inflight: collections.deque[_Flush] = collections.deque()
+        """Dispatched flushes not yet finished, oldest first: appends count as completed
+        in flush order, even if a pipelined backend finishes flushes out of order."""
         self._closed = False
         self._errors: list[BaseException] = []
         self._fatal: BaseException | None = None
@@ -203,23 +224,33 @@ class Writer(ABC):
     def _config_for(self, stream: str) -> StreamConfig:
         """Configuration of ``stream`` (existing, or the defaults it will be created with)."""
 
-    @abstractmethod
     def _write(
         self, batches: list[tuple[str, list[EncodedBatch]]]
     ) -> list[list[int] | BaseException]:
-        """Store one flush; return per stream the base offset of each batch, or the error
-        that kept that stream's batches from being stored."""
+        """Store one flush (a synchronous backend); return per stream the base offset of
+        each batch, or the error that kept that stream's batches from being stored."""
+        raise NotImplementedError(f"{type(self).__name__} must implement _write or _dispatch")
+
+    def _dispatch(self, flush: _Flush) -> None:
+        """Hand an encoded flush to storage, from the flusher thread. The default stores
+        it with :meth:`_write` and finishes it at once; a pipelined backend starts the
+        work, returns, and calls :meth:`_finish` when the flush's fate is known."""
+        results: list[list[int] | BaseException] = []
+        if flush.work:
+            try:
+                results = self._write(flush.work)
+            except Exception as exc:  # delivered through the futures
+                results = [exc] * len(flush.work)
+        self._finish(flush, results)
+
+    def _drain(self) -> None:  # noqa: B027 - an optional hook
+        """Called by the flusher thread when the writer closes, after its last dispatch:
+        a pipelined backend waits here until every flush has finished."""
 
     def _producer_fields(self, stream: str, record_count: int) -> tuple[int, int, int]:
         """``(producer_id, producer_epoch, base_sequence)`` for the next batch of ``stream``
         (called in flush order, from the flusher thread). Default: no producer."""
         return -1, -1, -1
-
-    def _flush_started(self) -> None:  # noqa: B027 - an optional hook
-        """Called by the flusher before it encodes a flush."""
-
-    def _flush_finished(self, stored: set[str]) -> None:  # noqa: B027 - an optional hook
-        """Called after a flush with the streams whose batches were stored."""
 
     # ----------------------------------------------------------------- public
 
@@ -367,33 +398,36 @@ class Writer(ABC):
         return self._oldest is not None and time.monotonic() - self._oldest >= self._linger
 
     def _run(self) -> None:
-        while True:
-            with self._cond:
-                while not self._due():
-                    if self._closed and not self._buffers:
-                        return
-                    if self._flush_wanted and not self._buffers:
+        try:
+            while True:
+                with self._cond:
+                    while not self._due():
+                        if self._closed and not self._buffers:
+                            return
+                        if self._flush_wanted and not self._buffers and not self._inflight:
+                            self._flush_wanted = False
+                            self._completed = self._accepted
+                            self._cond.notify_all()
+                        timeout = None
+                        if self._oldest is not None:
+                            timeout = max(0.0, self._linger - (time.monotonic() - self._oldest))
+                        self._cond.wait(timeout)
+                    taken, self._buffers = self._buffers, {}
+                    self._oldest = None
+                    target = self._accepted
+                flush = self._prepare(taken, target)
+                with self._cond:
+                    self._inflight.append(flush)
+                self._dispatch(flush)
+                with self._cond:
+                    if not self._buffers:
                         self._flush_wanted = False
-                        self._completed = self._accepted
-                        self._cond.notify_all()
-                    timeout = None
-                    if self._oldest is not None:
-                        timeout = max(0.0, self._linger - (time.monotonic() - self._oldest))
-                    self._cond.wait(timeout)
-                taken, self._buffers = self._buffers, {}
-                self._oldest = None
-                target = self._accepted
-            freed = self._flush(taken)
-            with self._cond:
-                self._buffered_bytes -= freed
-                self._completed = target
-                if not self._buffers:
-                    self._flush_wanted = False
-                self._cond.notify_all()
+        finally:
+            self._drain()
 
-    def _flush(self, taken: dict[str, _StreamBuffer]) -> int:
-        """Encode and write one flush; resolve its futures. Returns the bytes freed."""
-        self._flush_started()
+    def _prepare(self, taken: dict[str, _StreamBuffer], target: int) -> _Flush:
+        """Encode every stream's buffered parts into batches (in flush order, so producer
+        numbering follows it). A stream whose records fail to encode fails at once."""
         work: list[tuple[str, list[EncodedBatch]]] = []
         parts_of: list[list[_Part]] = []
         freed = 0
@@ -407,20 +441,23 @@ class Writer(ABC):
                 continue
             work.append((stream, encoded))
             parts_of.append(parts)
-        stored: set[str] = set()
-        if work:
-            try:
-                results = self._write(work)
-            except Exception as exc:  # delivered through the futures
-                results = [exc] * len(work)
-            for (stream, _), parts, result in zip(work, parts_of, results):
-                if isinstance(result, BaseException):
-                    self._fail(parts, result)
-                else:
-                    self._resolve(parts, result)
-                    stored.add(stream)
-        self._flush_finished(stored)
-        return freed
+        return _Flush(work, parts_of, freed, target)
+
+    def _finish(self, flush: _Flush, results: Sequence[list[int] | BaseException]) -> None:
+        """Settle a flush: per stream (aligned with ``flush.work``) the base offset of each
+        batch, or the error that kept them from being stored. Releases its buffer bytes;
+        appends count as completed once every earlier flush has finished too."""
+        for parts, result in zip(flush.parts, results):
+            if isinstance(result, BaseException):
+                self._fail(parts, result)
+            else:
+                self._resolve(parts, result)
+        with self._cond:
+            self._buffered_bytes -= flush.freed
+            flush.done = True
+            while self._inflight and self._inflight[0].done:
+                self._completed = self._inflight.popleft().target
+            self._cond.notify_all()
 
     def _encode(self, stream: str, part: _Part, config: StreamConfig) -> EncodedBatch:
         producer_id, epoch, sequence = self._producer_fields(stream, part.record_count)

@@ -38,7 +38,7 @@ from ..sequencers import Sequencer, open_sequencer
 from . import reader
 from .cache import BlockCache, default_cache
 from .storage import SEQUENCER_DIR, ObjectStorage, open_filesystem
-from .writer import ObjectWriter
+from .writer import DEFAULT_INFLIGHT, ObjectWriter
 
 __all__ = ["ObjectLog", "ObjectStream"]
 
@@ -158,12 +158,16 @@ class ObjectLog(AbstractLog):
         max_buffer_bytes: int | None = None,
         max_object_bytes: int | None = None,
         producer: str | None = None,
+        max_inflight: int = DEFAULT_INFLIGHT,
     ) -> ObjectWriter:
-        """A writer: buffers appends to any streams and flushes them as one object and
-        one sequencer commit after ``linger_ms`` (100) or ``max_object_bytes`` (8 MiB).
+        """A writer: buffers appends to any streams and flushes them as one object after
+        ``linger_ms`` (100) or ``max_object_bytes`` (8 MiB).
 
-        ``producer`` names an idempotent producer: opening a writer with the same name
-        elsewhere fences this one (its next flush raises ProducerFenced).
+        Up to ``max_inflight`` flushes (1..5, default 4) upload at once; commits follow
+        in flush order, and flushes that wait together are committed together (one
+        sequencer entry on the object-store sequencer). ``producer`` names an idempotent
+        producer: opening a writer with the same name elsewhere fences this one (its
+        next flush raises ProducerFenced).
         """
         self._check_open()
         if max_buffer_bytes is not None and max_object_bytes is not None:
@@ -174,6 +178,7 @@ class ObjectLog(AbstractLog):
             linger_ms=DEFAULT_LINGER_MS if linger_ms is None else linger_ms,
             max_object_bytes=DEFAULT_MAX_OBJECT_BYTES if size is None else size,
             producer=producer,
+            max_inflight=max_inflight,
         )
         self._writers.add(w)
         return w
