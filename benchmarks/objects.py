@@ -194,11 +194,12 @@ def _writer_extras(log: disklesslog.Log, before: dict[str, float], records: int)
         after = log.metrics()
         d = delta(after, before)
         puts, commits = d.get("puts", 0), d.get("commits", 0)
+        flushes = d.get("committed_objects", 0)
         return {
             **_latencies(after),
             "puts": puts,
             "commits": commits,
-            "puts_per_flush": puts / commits if commits else math.nan,
+            "puts_per_flush": puts / flushes if flushes else math.nan,
             "puts_per_1k": puts * 1000 / records,
             "batches_per_commit": d.get("committed_batches", 0) / commits if commits else 0,
             "records_per_put": records / puts if puts else math.nan,
@@ -423,13 +424,13 @@ def dl_ack_latency(
                         raise AssertionError(f"{len(latencies)} acknowledgements of {total}")
                     after = log.metrics()
                     d = delta(after, before)
-                    puts, commits = d.get("puts", 0), d.get("commits", 0)
+                    puts, flushes = d.get("puts", 0), d.get("committed_objects", 0)
                     return {
                         **_latencies(after),
                         **percentiles(latencies),
-                        "puts_per_flush": puts / commits if commits else math.nan,
-                        "flushes_per_s": commits / seconds,
-                        "records_per_flush": total / commits if commits else math.nan,
+                        "puts_per_flush": puts / flushes if flushes else math.nan,
+                        "flushes_per_s": flushes / seconds,
+                        "records_per_flush": total / flushes if flushes else math.nan,
                         "put_errors": d.get("put_errors", 0),
                     }
 

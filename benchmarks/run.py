@@ -43,6 +43,7 @@ from typing import Any
 import measured
 import objects as obj
 import peers
+import pipeline as pipe
 import sequencers as seq
 import workloads as wl
 from common import (
@@ -436,6 +437,7 @@ def all_groups(plan: Plan) -> list[Group]:
         recovery_group(plan),
         *obj.object_groups(plan),
         seq.sequencer_group(plan),
+        pipe.pipeline_group(plan),
     ]
 
 
@@ -538,7 +540,11 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     wanted = args.only or ([args.profile] if args.profile else names)
     if "objects" in wanted:  # shorthand for the object-storage workloads
-        wanted = [w for w in wanted if w != "objects"] + [*obj.GROUP_KEYS, *seq.GROUP_KEYS]
+        wanted = [w for w in wanted if w != "objects"] + [
+            *obj.GROUP_KEYS,
+            *seq.GROUP_KEYS,
+            *pipe.GROUP_KEYS,
+        ]
     unknown = sorted(set(wanted) - set(names))
     if unknown:
         parser.error(f"unknown workload(s) {unknown}; choose from {names}")

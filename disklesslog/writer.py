@@ -185,24 +185,34 @@ class Writer(ABC):
     when its batch is durable; ``append_batch`` does the same for a group of records
     that stays one batch. A flush happens ``linger_ms`` after the first buffered
     record, when ``max_buffer_bytes`` are buffered, or on :meth:`flush`/:meth:`close`.
-    While twice ``max_buffer_bytes`` wait to be written, appends block (bounded memory).
+    While ``max_held_bytes`` (default: twice ``max_buffer_bytes``) are buffered or being
+    written, appends block (bounded memory).
     Records of one stream keep their append order. Thread-safe; a context manager.
     """
 
-    def __init__(self, *, linger_ms: float, max_buffer_bytes: int, name: str) -> None:
+    def __init__(
+        self,
+        *,
+        linger_ms: float,
+        max_buffer_bytes: int,
+        name: str,
+        max_held_bytes: int | None = None,
+    ) -> None:
         if not isinstance(linger_ms, int | float) or not 0 <= linger_ms <= 3_600_000:
             raise ConfigError(f"linger_ms must be a number in 0..3600000, not {linger_ms!r}")
         if type(max_buffer_bytes) is not int or not 1024 <= max_buffer_bytes <= 1 << 40:
             raise ConfigError(f"max_buffer_bytes must be an int >= 1024, not {max_buffer_bytes!r}")
         self._linger = linger_ms / 1000.0
         self._max_buffer_bytes = max_buffer_bytes
+        self._max_held_bytes = max_held_bytes or 2 * max_buffer_bytes
         # Appends take the bare lock (a C-level ``with``); the condition around it is
         # only for waiting (flush, back-pressure, the flusher's timer) and notifying.
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)
         self._buffers: dict[str, _StreamBuffer] = {}
         self._configs: dict[str, StreamConfig] = {}  # fixed for a stream's life
-        self._buffered_bytes = 0  # buffered + being written, for back-pressure
+        self._buffered_bytes = 0  # in the buffers: a flush is due at max_buffer_bytes
+        self._held_bytes = 0  # buffered + being written: appends wait at max_held_bytes
         self._oldest: float | None = None
         self._accepted = 0
         self._completed = 0
@@ -372,7 +382,7 @@ class Writer(ABC):
             raise LogClosedError("the writer is closed")
         if self._fatal is not None:
             raise self._fatal
-        while self._buffered_bytes >= 2 * self._max_buffer_bytes and not self._closed:
+        while self._held_bytes >= self._max_held_bytes and not self._closed:
             self._cond.wait()
         if self._closed:
             raise LogClosedError("the writer is closed")
@@ -380,6 +390,7 @@ class Writer(ABC):
         if buffer is None:
             buffer = self._buffers[stream] = _StreamBuffer(config)
         self._buffered_bytes += size
+        self._held_bytes += size
         return buffer
 
     def _wake(self) -> None:
@@ -393,9 +404,18 @@ class Writer(ABC):
     # --------------------------------------------------------- flusher thread
 
     def _due(self) -> bool:
+        if not self._room():
+            return False
         if self._flush_wanted or self._closed or self._buffered_bytes >= self._max_buffer_bytes:
             return bool(self._buffers)
         return self._oldest is not None and time.monotonic() - self._oldest >= self._linger
+
+    def _room(self) -> bool:
+        """Whether a flush can be dispatched now (called with the writer's lock held). A
+        pipelined backend says no while its pipeline is full; it must notify the writer's
+        condition when room appears (:meth:`_finish` does). Until then records gather in
+        the buffers, so the next flush is larger rather than the pipeline longer."""
+        return True
 
     def _run(self) -> None:
         try:
@@ -409,10 +429,11 @@ class Writer(ABC):
                             self._completed = self._accepted
                             self._cond.notify_all()
                         timeout = None
-                        if self._oldest is not None:
+                        if self._oldest is not None and self._room():
                             timeout = max(0.0, self._linger - (time.monotonic() - self._oldest))
                         self._cond.wait(timeout)
                     taken, self._buffers = self._buffers, {}
+                    self._buffered_bytes = 0
                     self._oldest = None
                     target = self._accepted
                 flush = self._prepare(taken, target)
@@ -453,7 +474,7 @@ class Writer(ABC):
             else:
                 self._resolve(parts, result)
         with self._cond:
-            self._buffered_bytes -= flush.freed
+            self._held_bytes -= flush.freed
             flush.done = True
             while self._inflight and self._inflight[0].done:
                 self._completed = self._inflight.popleft().target

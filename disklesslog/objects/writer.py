@@ -134,6 +134,8 @@ class ObjectWriter(Writer):
         super().__init__(
             linger_ms=linger_ms,
             max_buffer_bytes=max_object_bytes,
+            # Room for the flushes in the pipeline and one more being buffered.
+            max_held_bytes=(max_inflight + 1) * max_object_bytes,
             name=f"disklesslog-writer {log_.url}",
         )
 
@@ -166,9 +168,12 @@ class ObjectWriter(Writer):
         self._stamps.setdefault(stream, []).append(sequence)
         return producer_id, epoch, sequence
 
+    def _room(self) -> bool:
+        return self._pending < self._max_inflight
+
     def _dispatch(self, flush: _Flush) -> None:
-        """Lay the flush out as one object and start its upload (from the flusher),
-        after waiting for room in the pipeline."""
+        """Lay the flush out as one object and start its upload (from the flusher; the
+        flusher took it only when the pipeline had room, see :meth:`_room`)."""
         if not flush.work:
             self._finish(flush, [])
             return
@@ -183,15 +188,16 @@ class ObjectWriter(Writer):
         try:
             for stream, _ in flush.work:
                 if stream not in self._known_streams:
-                    self._log._ensure_stream(stream, self._configs.get(stream))
+                    # Reading costs nothing on the object-store sequencer; creating is an
+                    # entry. A stream deleted since is caught at commit (StreamNotFound).
+                    if self._log._stream_config(stream, create=False) is None:
+                        self._log._ensure_stream(stream, self._configs.get(stream))
                     self._known_streams.add(stream)
             self._layout(pending, [self._stamps[stream] for stream, _ in flush.work])
         except Exception as exc:  # delivered through the futures
             self._abandon(pending, exc, uploaded=False)
             return
         with self._pipe:
-            while self._pending >= self._max_inflight:
-                self._pipe.wait()
             self._pending += 1
             pending.queued = True
             self._queue.append(pending)
@@ -500,9 +506,9 @@ class ObjectWriter(Writer):
         self._log._metrics.add("orphaned_objects")
 
     def _settle(self, pending: _Pending, results: list[list[int] | BaseException]) -> None:
-        self._finish(pending.flush, results)
-        if pending.queued:
+        if pending.queued:  # room in the pipeline before _finish wakes the flusher
             with self._pipe:
                 pending.queued = False
                 self._pending -= 1
                 self._pipe.notify_all()
+        self._finish(pending.flush, results)
