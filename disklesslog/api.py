@@ -29,6 +29,8 @@ from .records import Record, RecordBatch
 
 if TYPE_CHECKING:
     from .consumer import Consumer
+    from .maintenance.report import MaintenanceReport, Progress
+    from .maintenance.retention import Unit
     from .writer import Writer
 
 __all__ = [
@@ -262,6 +264,26 @@ class Stream(ABC):
     def config(self) -> StreamConfig:
         return self.info().config
 
+    # ------------------------------------------------------ maintenance hooks
+
+    @abstractmethod
+    def _retention_units(self) -> tuple[list[Unit], int]:
+        """What retention judges: the pieces it may drop whole, oldest first (closed
+        segments, tiered segments, batches), and the bytes after them that always stay
+        (the active segment)."""
+
+    def _unit_name(self, count: int) -> str:
+        """What :meth:`_retention_units` returns, for reports ("segments", "batches")."""
+        return "unit" if count == 1 else "units"
+
+    def _trim_for_retention(self, before: int) -> MaintenanceReport:
+        """Trim for retention; returns what was deleted from storage at once (object
+        logs delete later: trimmed batches become garbage for the collector)."""
+        from .maintenance.report import MaintenanceReport  # noqa: PLC0415 - a cycle
+
+        self.trim(before)
+        return MaintenanceReport("retention")
+
 
 class AbstractLog(ABC):
     """A named set of streams at one URL. Open with :func:`disklesslog.open`.
@@ -361,6 +383,116 @@ class AbstractLog(ABC):
             poll_interval=poll_interval,
             idle_timeout=idle_timeout,
         )
+
+    # ------------------------------------------------------------ maintenance
+    #
+    # Every operation is an explicit call that any process may make at any time while
+    # others read and write: each is idempotent, and resumable after a crash mid-way.
+    # ``stream`` limits it to one stream; ``dry_run`` reports what it would do and
+    # changes nothing; ``progress(task, done, total)`` hears about long runs.
+
+    def apply_retention(
+        self,
+        stream: str | None = None,
+        *,
+        dry_run: bool = False,
+        progress: Progress | None = None,
+        now_ms: int | None = None,
+    ) -> MaintenanceReport:
+        """Delete records that ``retention_ms``/``retention_bytes`` no longer keep (streams
+        whose ``cleanup_policy`` includes ``delete``): whole segments or batches from the
+        oldest, never a local stream's active segment. ``now_ms`` replaces the clock."""
+        from .maintenance.retention import apply_retention  # noqa: PLC0415 - a cycle
+
+        self._check_open()
+        if stream is not None:
+            validate_stream_name(stream)
+        return apply_retention(self, stream, dry_run=dry_run, progress=progress, now_ms=now_ms)
+
+    def compact(
+        self,
+        stream: str | None = None,
+        *,
+        dry_run: bool = False,
+        progress: Progress | None = None,
+        now_ms: int | None = None,
+    ) -> MaintenanceReport:
+        """Key compaction of streams whose ``cleanup_policy`` includes ``compact``: keep
+        the latest record per key (offsets unchanged; reads skip the gaps), drop
+        tombstones older than ``delete_retention_ms``, never touch the active tail. A
+        stream runs when its dirty ratio reaches ``min_cleanable_dirty_ratio``, or
+        always when named in ``stream`` (which must be compacted: ConfigError else)."""
+        return self._not_applicable("compaction", dry_run)
+
+    def merge(
+        self,
+        stream: str | None = None,
+        *,
+        dry_run: bool = False,
+        progress: Progress | None = None,
+    ) -> MaintenanceReport:
+        """Object logs: rewrite the batches of small combined (WAL) objects into
+        per-stream objects, so a stream's reads touch few large objects."""
+        return self._not_applicable("merge", dry_run)
+
+    def tier(
+        self,
+        stream: str | None = None,
+        *,
+        dry_run: bool = False,
+        progress: Progress | None = None,
+        now_ms: int | None = None,
+    ) -> MaintenanceReport:
+        """Local logs opened with ``tier_url=``: copy closed segments to object storage and
+        delete local copies past ``local_retention_ms``/``local_retention_bytes``."""
+        return self._not_applicable("tiering", dry_run)
+
+    def collect_garbage(
+        self,
+        *,
+        dry_run: bool = False,
+        progress: Progress | None = None,
+        grace_seconds: float | None = None,
+    ) -> MaintenanceReport:
+        """Delete stored data nothing refers to any more, once it has been unreferenced
+        for ``grace_seconds`` (default 300: readers holding old locations finish first)."""
+        return self._not_applicable("gc", dry_run)
+
+    def maintain(
+        self,
+        stream: str | None = None,
+        *,
+        dry_run: bool = False,
+        progress: Progress | None = None,
+        now_ms: int | None = None,
+        grace_seconds: float | None = None,
+    ) -> MaintenanceReport:
+        """Run every maintenance operation that applies to this log, in order: retention,
+        compaction, merging, tiering, garbage collection (log-wide, with
+        ``grace_seconds``). Returns their reports added up."""
+        from .maintenance.report import MaintenanceReport  # noqa: PLC0415 - a cycle
+
+        self._check_open()
+        report = MaintenanceReport("maintain", dry_run=dry_run)
+        steps: list[MaintenanceReport] = [
+            self.apply_retention(stream, dry_run=dry_run, progress=progress, now_ms=now_ms),
+            self.compact(stream, dry_run=dry_run, progress=progress, now_ms=now_ms),
+            self.merge(stream, dry_run=dry_run, progress=progress),
+            self.tier(stream, dry_run=dry_run, progress=progress, now_ms=now_ms),
+            self.collect_garbage(dry_run=dry_run, progress=progress, grace_seconds=grace_seconds),
+        ]
+        for step in steps:
+            report.merge(step)
+        report.streams = max(step.streams for step in steps)
+        return report
+
+    def _not_applicable(self, operation: str, dry_run: bool) -> MaintenanceReport:
+        from .maintenance.report import MaintenanceReport  # noqa: PLC0415 - a cycle
+
+        self._check_open()
+        report = MaintenanceReport(operation, dry_run=dry_run)
+        report.skipped.append(f"not applicable to {type(self).__name__} logs")
+        return report
 
     # ---------------------------------------------------------------- metrics
 

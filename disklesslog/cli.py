@@ -32,6 +32,7 @@ from .api import AbstractLog as Log
 from .api import Stream, StreamInfo
 from .config import StreamConfig
 from .errors import CorruptDataError, DisklessLogError, StreamNotFound
+from .maintenance import cli as maintenance_commands
 from .records import Record
 
 __all__ = ["main"]
@@ -163,10 +164,14 @@ def build_parser() -> argparse.ArgumentParser:
     streams.set_defaults(handler=_cmd_streams)
 
     describe = commands.add_parser(
-        "describe", parents=[log_options], help="show a stream's extent, config, segments"
+        "describe",
+        parents=[log_options],
+        help="show a stream's extent, config, segments; or every stream's size",
+        description="With STREAM: its extent, config and segments (local) or objects. "
+        "Without: one line per stream with its records, bytes and segment or object count.",
     )
     describe.add_argument("url", metavar="URL")
-    describe.add_argument("stream", metavar="STREAM")
+    describe.add_argument("stream", metavar="STREAM", nargs="?")
     describe.add_argument("--json", action="store_true", help="print one JSON object")
     describe.set_defaults(handler=_cmd_describe)
 
@@ -179,6 +184,7 @@ def build_parser() -> argparse.ArgumentParser:
     verify.add_argument("url", metavar="URL")
     verify.add_argument("--stream", metavar="S", help="check only this stream")
     verify.set_defaults(handler=_cmd_verify)
+    maintenance_commands.add_commands(commands, log_options, _open_log)
     return parser
 
 
@@ -328,12 +334,56 @@ def _cmd_streams(args: argparse.Namespace) -> int:
 
 
 def _cmd_describe(args: argparse.Namespace) -> int:
+    if args.stream is None:
+        return _describe_log(args)
     with _open_log(args, create=False) as log:
         info = log.stream(args.stream).info()
     if args.json:
         print(json.dumps(describe_dict(info), indent=2, default=str))
     else:
         print("\n".join(describe_lines(info)))
+    return EXIT_OK
+
+
+def _describe_log(args: argparse.Namespace) -> int:
+    """``describe URL``: every stream's extent and size, and how many segments or objects
+    hold it, with a total line."""
+    with _open_log(args, create=False) as log:
+        infos = [log.stream(name).info() for name in log.streams()]
+    rows = []
+    for info in infos:
+        parts = info.details.get("objects", len(info.details.get("segments", [])))
+        rows.append(
+            {
+                "stream": info.name,
+                "start_offset": info.start_offset,
+                "end_offset": info.end_offset,
+                "records": info.end_offset - info.start_offset,
+                "bytes": info.size_bytes,
+                "objects" if "objects" in info.details else "segments": parts,
+            }
+        )
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return EXIT_OK
+    unit = "objects" if any("objects" in r for r in rows) else "segments"
+    total = ["(total)", "", "", sum(r["records"] for r in rows), sum(r["bytes"] for r in rows)]
+    lines = _table(
+        [unit, "start", "end", "records", "bytes", "stream"],
+        [
+            [
+                r.get(unit, 0),
+                r["start_offset"],
+                r["end_offset"],
+                r["records"],
+                r["bytes"],
+                r["stream"],
+            ]
+            for r in rows
+        ]
+        + [["", *total[1:], total[0]]],
+    )
+    print("\n".join(lines) if rows else "no streams")
     return EXIT_OK
 
 

@@ -11,7 +11,7 @@ import functools
 from collections.abc import Mapping
 from typing import Any
 
-from .errors import ConfigError
+from .errors import ConfigError, InvalidRecordError
 from .format import (
     COMPRESSIONS,
     DEFAULT_MAX_BATCH_BYTES,
@@ -20,9 +20,16 @@ from .format import (
     MAX_BATCH_BYTES_LIMIT,
 )
 
-__all__ = ["StreamConfig"]
+__all__ = ["CLEANUP_POLICIES", "SAME_AS_RETENTION", "UNLIMITED", "StreamConfig", "require_keys"]
 
 _DAY_MS = 24 * 3600 * 1000
+_MAX_MS = 100 * 365 * _DAY_MS  # a century: anything longer is a mistake
+_MAX_BYTES = 1 << 60
+CLEANUP_POLICIES = ("delete", "compact", "compact,delete")
+UNLIMITED = -1
+"""``retention_ms``/``retention_bytes``: keep everything (Kafka's -1)."""
+SAME_AS_RETENTION = -2
+"""``local_retention_ms``/``local_retention_bytes``: follow the stream's retention (Kafka's -2)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,6 +52,26 @@ class StreamConfig:
     """Roll when the first batch of the active segment is older than this."""
     index_interval_bytes: int = 4096
     """Bytes of batches between two entries of the sparse offset and time indexes."""
+    cleanup_policy: str = "delete"
+    """What maintenance does to old records: ``"delete"`` (retention by time and size),
+    ``"compact"`` (keep the latest record per key; every record needs a key), or
+    ``"compact,delete"`` (both)."""
+    retention_ms: int = UNLIMITED
+    """Records older than this may be deleted by retention (``-1``: keep forever). Whole
+    segments or batches go, judged by their newest record, never the active segment."""
+    retention_bytes: int = UNLIMITED
+    """Oldest segments or batches are deleted while the stream is larger (``-1``: no limit)."""
+    delete_retention_ms: int = _DAY_MS
+    """How long compaction keeps a tombstone (``value=None``) after it was written, so that
+    readers see the deletion; then it is dropped too."""
+    min_cleanable_dirty_ratio: float = 0.5
+    """Compaction runs when the not-yet-compacted share of the compactable bytes is at
+    least this (0 compacts whenever anything is new)."""
+    local_retention_ms: int = SAME_AS_RETENTION
+    """With tiering (``tier_url=``): how long local copies of tiered segments stay
+    (``-2``: ``retention_ms``; ``-1``: forever). Tiered copies stay for ``retention_ms``."""
+    local_retention_bytes: int = SAME_AS_RETENTION
+    """With tiering: local bytes kept (``-2``: ``retention_bytes``; ``-1``: no limit)."""
 
     def __post_init__(self) -> None:
         if self.compression not in COMPRESSIONS:
@@ -58,6 +85,57 @@ class StreamConfig:
         _int_in("segment_bytes", self.segment_bytes, 1024, MAX_BATCH_BYTES_LIMIT)
         _int_in("segment_ms", self.segment_ms, 1, 100 * 365 * _DAY_MS)
         _int_in("index_interval_bytes", self.index_interval_bytes, 64, 1 << 30)
+        policy = self.cleanup_policy
+        if isinstance(policy, str) and policy.replace(" ", "") == "delete,compact":
+            object.__setattr__(self, "cleanup_policy", "compact,delete")
+        if self.cleanup_policy not in CLEANUP_POLICIES:
+            raise ConfigError(
+                f"cleanup_policy={policy!r} is unknown; choose one of {list(CLEANUP_POLICIES)}"
+            )
+        _limit("retention_ms", self.retention_ms, _MAX_MS, "a time in ms")
+        _limit("retention_bytes", self.retention_bytes, _MAX_BYTES, "a size in bytes")
+        _int_in("delete_retention_ms", self.delete_retention_ms, 0, _MAX_MS)
+        ratio = self.min_cleanable_dirty_ratio
+        if type(ratio) not in (int, float) or not 0 <= ratio <= 1:
+            raise ConfigError(f"min_cleanable_dirty_ratio must be a number in 0..1, not {ratio!r}")
+        _limit("local_retention_ms", self.local_retention_ms, _MAX_MS, "a time in ms", local=True)
+        _limit(
+            "local_retention_bytes", self.local_retention_bytes, _MAX_BYTES, "a size", local=True
+        )
+        for local, total in (
+            ("local_retention_ms", "retention_ms"),
+            ("local_retention_bytes", "retention_bytes"),
+        ):
+            mine, theirs = getattr(self, local), getattr(self, total)
+            if mine >= 0 and theirs >= 0 and mine > theirs:
+                raise ConfigError(
+                    f"{local}={mine} is more than {total}={theirs}: local copies cannot "
+                    "outlive the stream's retention"
+                )
+
+    @property
+    def compacted(self) -> bool:
+        """Whether key compaction applies (every record must have a key)."""
+        return self.cleanup_policy != "delete"
+
+    @property
+    def deletes(self) -> bool:
+        """Whether retention by time and size applies."""
+        return self.cleanup_policy != "compact"
+
+    def local_limits(self) -> tuple[int, int]:
+        """``(ms, bytes)`` local copies of tiered segments are kept (-1: unlimited)."""
+        ms = (
+            self.retention_ms
+            if self.local_retention_ms == SAME_AS_RETENTION
+            else self.local_retention_ms
+        )
+        size = (
+            self.retention_bytes
+            if self.local_retention_bytes == SAME_AS_RETENTION
+            else self.local_retention_bytes
+        )
+        return ms, size
 
     @functools.cached_property
     def compression_code(self) -> int:
@@ -86,8 +164,33 @@ class StreamConfig:
         return self.from_dict({**self.to_dict(), **changes})
 
 
+def _limit(name: str, value: Any, high: int, what: str, *, local: bool = False) -> None:
+    """A retention limit: ``-1`` (none), ``-2`` where ``local`` (follow retention), or a
+    positive amount up to ``high``."""
+    if type(value) is not int:
+        raise ConfigError(f"{name} must be an int, not {type(value).__name__}")
+    specials = "-1 (unlimited) or -2 (same as retention)" if local else "-1 (unlimited)"
+    if value == UNLIMITED or (local and value == SAME_AS_RETENTION):
+        return
+    if not 1 <= value <= high:
+        raise ConfigError(f"{name}={value} is out of range: {what} in 1..{high}, or {specials}")
+
+
 def _int_in(name: str, value: Any, low: int, high: int) -> None:
     if type(value) is not int:
         raise ConfigError(f"{name} must be an int, not {type(value).__name__}")
     if not low <= value <= high:
         raise ConfigError(f"{name}={value} is out of range; allowed {low}..{high}")
+
+
+def require_keys(config: StreamConfig, stream: str, keys: Any) -> None:
+    """Refuse records without a key on a compacted stream (Kafka does the same):
+    compaction keeps the latest record *per key*, so a keyless one could never be
+    compacted away. ``keys`` is a list or tuple of keys, or ``None`` (no keys at all)."""
+    if not config.compacted:
+        return
+    if keys is None or (isinstance(keys, list | tuple) and None in keys):
+        raise InvalidRecordError(
+            f"stream {stream!r} is compacted (cleanup_policy={config.cleanup_policy!r}): "
+            "every record needs a key"
+        )

@@ -26,7 +26,7 @@ from types import TracebackType
 from typing import Any
 
 from .api import validate_stream_name
-from .config import StreamConfig
+from .config import StreamConfig, require_keys
 from .errors import ConfigError, DisklessLogError, LogClosedError
 from .format import HEADER_SIZE, EncodedBatch, PreparedBatch, check_record, prepare_batch
 
@@ -274,6 +274,8 @@ class Writer(ABC):
     ) -> Future[int]:
         """Buffer one record for ``stream``; the future resolves to its offset."""
         config = self._stream_config(stream)
+        if key is None and config.compacted:
+            require_keys(config, stream, None)
         normalized, size, timestamp = check_record(
             value, key, headers, timestamp, max_record_bytes=config.max_record_bytes
         )
@@ -304,9 +306,11 @@ class Writer(ABC):
         """Buffer records (as columns, like ``Stream.append_batch``) that are written as
         one batch, all or none; the future resolves to their offsets."""
         config = self._stream_config(stream)
+        key_list = None if keys is None else list(keys)
+        require_keys(config, stream, key_list)
         prepared = prepare_batch(
             list(values),
-            None if keys is None else list(keys),
+            key_list,
             None if headers is None else list(headers),
             timestamps if timestamps is None or isinstance(timestamps, int) else list(timestamps),
             max_record_bytes=config.max_record_bytes,

@@ -199,3 +199,29 @@ def log_factory(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[LogF
 @pytest.fixture
 def log(log_factory: LogFactory) -> AbstractLog:
     return log_factory()
+
+
+MAINTENANCE_BACKENDS = [
+    pytest.param(Backend("segments", _segments), id="segments"),
+    pytest.param(Backend("memory", _memory, objects=True), id="memory"),
+    pytest.param(
+        Backend("file-objectstore", _file_objectstore, objects=True), id="file-objectstore"
+    ),
+    pytest.param(
+        Backend("file-postgres", _file_postgres, objects=True),
+        id="file-postgres",
+        marks=pytest.mark.postgres,
+    ),
+    pytest.param(Backend("s3", _s3, objects=True), id="s3", marks=pytest.mark.s3),
+]
+"""Where the maintenance tests run: local segments; the object backend on ``memory://``
+(memory sequencer), ``file://`` (object-store sequencer) and ``file://`` with
+PostgreSQL; and on the moto S3 server in the default suite too, since maintenance is
+where object logs differ most from local ones."""
+
+
+@pytest.fixture(params=MAINTENANCE_BACKENDS)
+def maintenance_factory(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[LogFactory]:
+    factory = LogFactory(request.param, tmp_path, request)
+    yield factory
+    factory.close_all()

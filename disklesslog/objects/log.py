@@ -31,10 +31,12 @@ from ..errors import (
     StreamExistsError,
     StreamNotFound,
 )
+from ..maintenance.retention import Unit
 from ..markers import MARKER, check_marker, marker_bytes
 from ..metrics import Metrics
 from ..records import RecordBatch
 from ..sequencers import Sequencer, open_sequencer
+from ..sequencers.base import BatchLocation
 from . import reader
 from .cache import BlockCache, default_cache
 from .storage import SEQUENCER_DIR, ObjectStorage, open_filesystem
@@ -199,6 +201,24 @@ class ObjectLog(AbstractLog):
 
     # ------------------------------------------------------------------ reads
 
+    def live_batches(self, stream: str, start: int | None = None) -> Iterator[BatchLocation]:
+        """The live batches of ``stream`` in offset order, from the one holding ``start``
+        (default: the start offset), page by page from the sequencer, up to the end
+        offset of the first page (a snapshot)."""
+        sequencer = self.sequencer
+        offset = sequencer.stream_info(stream).start_offset if start is None else start
+        end: int | None = None
+        while end is None or offset < end:
+            page = sequencer.find_batches(stream, offset, 64 << 20)
+            end = page.end_offset if end is None else end
+            if not page.batches:
+                return
+            for location in page.batches:
+                if location.base_offset >= end:
+                    return
+                yield location
+            offset = page.batches[-1].last_offset + 1
+
     def fetch(self, key: str, start: int, end: int) -> bytes:
         """Bytes ``[start, end)`` of an object, through the block cache."""
         self._metrics.add("read_ranges")
@@ -323,15 +343,9 @@ class ObjectStream(Stream):
         meta = self._log.sequencer.stream_info(self._name)
         size = 0
         seen: set[str] = set()
-        offset = meta.start_offset
-        while offset < meta.end_offset:
-            page = self._log.sequencer.find_batches(self._name, offset, 64 << 20)
-            if not page.batches:
-                break
-            for location in page.batches:
-                size += location.size
-                seen.add(location.object_key)
-            offset = page.batches[-1].last_offset + 1
+        for location in self._log.live_batches(self._name, meta.start_offset):
+            size += location.size
+            seen.add(location.object_key)
         objects = len(seen)
         return StreamInfo(
             name=self._name,
@@ -345,6 +359,17 @@ class ObjectStream(Stream):
                 "storage": self._log.storage.url,
             },
         )
+
+    def _retention_units(self) -> tuple[list[Unit], int]:
+        self._log._check_open()
+        units = [
+            Unit(b.base_offset, b.last_offset + 1, b.size, b.max_timestamp)
+            for b in self._log.live_batches(self._name)
+        ]
+        return units, 0
+
+    def _unit_name(self, count: int) -> str:
+        return "batch" if count == 1 else "batches"
 
 
 def open_object_log(url: str, location: str, options: dict[str, Any]) -> ObjectLog:

@@ -41,7 +41,7 @@ from ..api import (
     validate_group_name,
     validate_stream_name,
 )
-from ..config import StreamConfig
+from ..config import StreamConfig, require_keys
 from ..errors import (
     ConfigError,
     CorruptDataError,
@@ -49,6 +49,8 @@ from ..errors import (
     StreamNotFound,
 )
 from ..format import EncodedBatch, encode_batch_borrowed, encode_record
+from ..maintenance.report import MaintenanceReport
+from ..maintenance.retention import Unit
 from ..metrics import Metrics
 from ..records import RecordBatch
 from ..writer import Writer
@@ -389,8 +391,15 @@ class SegmentStream(Stream):
         headers: Iterable[Any] | None = None,
         timestamps: int | Sequence[int] | None = None,
     ) -> list[int]:
+        # Columns are walked once per attempt (an attempt is retried if the stream is
+        # deleted meanwhile), so one-shot iterables become lists first.
+        values = _materialized(values)
+        keys = None if keys is None else _materialized(keys)
+        headers = None if headers is None else _materialized(headers)
+
         def append_all(store: StreamStore) -> list[int]:
             config = store.config
+            require_keys(config, self._name, keys)
             with encode_batch_borrowed(
                 values,
                 keys,
@@ -456,6 +465,35 @@ class SegmentStream(Stream):
 
         return self._log._with_store(self._name, describe, create=False)
 
+    def _retention_units(self) -> tuple[list[Unit], int]:
+        def units(store: StreamStore) -> tuple[list[Unit], int]:
+            snap = store.snapshot()
+            found = []
+            for seg, size in snap.segments[:-1]:
+                if seg.end_offset <= snap.start_offset:
+                    continue
+                seg.ensure_indexes(store.config.max_batch_bytes)
+                found.append(Unit(seg.base, seg.end_offset, size, seg.max_timestamp))
+            return found, snap.segments[-1][1]
+
+        return self._log._with_store(self._name, units, create=False)
+
+    def _unit_name(self, count: int) -> str:
+        return "segment" if count == 1 else "segments"
+
+    def _trim_for_retention(self, before: int) -> MaintenanceReport:
+        report = MaintenanceReport("retention")
+
+        def trim(store: StreamStore) -> None:
+            snap = store.snapshot()
+            for seg, size in snap.segments[:-1]:
+                if snap.start_offset < seg.end_offset <= before:
+                    report.add(segments_deleted=1, bytes_deleted=size)
+            store.trim(before)
+
+        self._log._with_store(self._name, trim, create=False)
+        return report
+
 
 class SegmentWriter(Writer):
     """A :class:`~disklesslog.writer.Writer` for local logs: each flush appends each
@@ -491,6 +529,10 @@ class SegmentWriter(Writer):
         return results
 
 
+def _materialized(items: Iterable[Any]) -> Sequence[Any]:
+    return items if isinstance(items, list | tuple) else list(items)
+
+
 def _append_to(batches: list[EncodedBatch], store: StreamStore) -> list[int]:
     return store.append(batches)
 
@@ -499,6 +541,8 @@ def _append_record(
     value: bytes | None, key: bytes | None, headers: Any, timestamp: int | None, store: StreamStore
 ) -> int:
     config = store.config
+    if key is None and config.compacted:
+        require_keys(config, store.name, None)
     batch = encode_record(
         value,
         key,

@@ -218,6 +218,13 @@ class Sequencer(ABC):
     def forget_objects(self, object_keys: Sequence[str]) -> None:
         """Drop deleted objects from the sequencer's records."""
 
+    @abstractmethod
+    def list_objects(self) -> list[str]:
+        """Every object key the sequencer knows, sorted: objects holding live batches,
+        garbage not yet forgotten, and recorded orphans. An object in storage that is
+        not listed here (and is older than any upload still in flight) was never
+        committed: garbage collection's reconcile pass deletes it."""
+
     # ---------------------------------------------------------- consumer groups
 
     @abstractmethod

@@ -344,6 +344,10 @@ class MemorySequencer(Sequencer):
                 if o is not None and o.live == 0:
                     del self._objects[key]
 
+    def list_objects(self) -> list[str]:
+        with self._lock:
+            return sorted(self._objects)
+
     # ---------------------------------------------------------- consumer groups
 
     def commit_offsets(self, group: str, offsets: Mapping[str, int]) -> None:

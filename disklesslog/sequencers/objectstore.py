@@ -220,6 +220,10 @@ class ObjectStoreSequencer(Sequencer):
         with self._reading() as state:
             return state.committed_offsets(group)
 
+    def list_objects(self) -> list[str]:
+        with self._reading() as state:
+            return state.list_objects()
+
     @contextlib.contextmanager
     def _reading(self) -> Iterator[MemorySequencer]:
         self._check_open()

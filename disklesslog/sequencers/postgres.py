@@ -391,6 +391,7 @@ class _Queries:
         " ORDER BY dead_since, key"
     )
     forget_objects: str = "DELETE FROM {s}.objects WHERE key = ANY(%s) AND live_batches = 0"
+    list_objects: str = 'SELECT key FROM {s}.objects ORDER BY key COLLATE "C"'
     commit_offsets: str = (
         "INSERT INTO {s}.group_offsets (group_name, stream, next_offset)"
         " SELECT %s, n, o FROM unnest(%s::text[], %s::bigint[]) AS g(n, o) ORDER BY n"
@@ -1088,6 +1089,10 @@ class PostgresSequencer(Sequencer):
         keys = [key for key in check_keys(object_keys) if "\x00" not in key]  # never stored
         if keys:
             self._call(lambda conn: conn.execute(self._q.forget_objects, (keys,)))
+
+    def list_objects(self) -> list[str]:
+        rows = self._call(lambda conn: conn.execute(self._q.list_objects).fetchall())
+        return [row[0] for row in rows]
 
     def _release(self, conn: Connection, counts: Iterable[tuple[int, int]], now: float) -> None:
         """Uncount live batches per object; objects left with none are dead from ``now``.

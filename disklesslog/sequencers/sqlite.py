@@ -756,6 +756,10 @@ class SqliteSequencer(Sequencer):
         with self._transaction(_WRITE) as db:
             db.executemany("DELETE FROM objects WHERE key = ? AND live_batches = 0", keys)
 
+    def list_objects(self) -> list[str]:
+        with self._transaction(_SNAPSHOT) as db:
+            return [row[0] for row in db.execute("SELECT key FROM objects ORDER BY key")]
+
     # -------------------------------------------------------- consumer groups
 
     def commit_offsets(self, group: str, offsets: Mapping[str, int]) -> None:

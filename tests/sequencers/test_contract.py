@@ -384,6 +384,21 @@ def test_commit_many_judges_each_object_on_its_own(sequencer: Sequencer) -> None
     assert sequencer.commit_many([]) == []
 
 
+def test_list_objects_names_every_known_object(sequencer: Sequencer) -> None:
+    """Live objects, garbage not yet forgotten and orphans; forgotten ones leave."""
+    make(sequencer, "a")
+    assert sequencer.list_objects() == []
+    sequencer.commit("o-trimmed", [batch("a")])  # offset 0
+    sequencer.commit("o-kept", [batch("a")])  # offset 1
+    sequencer.record_orphan("o-orphan")
+    sequencer.record_orphan("o-kept")  # known already: stays live
+    sequencer.trim("a", 1)  # o-trimmed's batch leaves: it becomes garbage
+    assert sequencer.list_objects() == ["o-kept", "o-orphan", "o-trimmed"]
+    assert sorted(sequencer.objects_to_delete(0)) == ["o-orphan", "o-trimmed"]
+    sequencer.forget_objects(["o-trimmed", "o-orphan", "o-kept"])  # o-kept is live: kept
+    assert sequencer.list_objects() == ["o-kept"]
+
+
 def test_empty_commit_records_a_dead_object(sequencer: Sequencer) -> None:
     assert sequencer.commit("empty", []) == []
     assert sequencer.objects_to_delete(0) == ["empty"]

@@ -1,0 +1,117 @@
+"""The maintenance subcommands of ``disklesslog``: retention, compact, merge, tier, gc,
+maintain. Each opens the log (never creating one), runs the operation with a tqdm
+progress bar on a terminal, and prints the report's summary (or JSON)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from .report import MaintenanceReport, Progress
+
+__all__ = ["add_commands"]
+
+OpenLog = Callable[..., Any]
+
+_COMMANDS = {
+    "retention": (
+        "apply_retention",
+        "delete records past retention_ms/retention_bytes (whole segments or batches)",
+    ),
+    "compact": (
+        "compact",
+        "key compaction: keep the latest record per key of compacted streams",
+    ),
+    "merge": (
+        "merge",
+        "object logs: rewrite small combined objects into per-stream objects",
+    ),
+    "tier": (
+        "tier",
+        "local logs with a tier URL: copy closed segments to object storage",
+    ),
+    "gc": ("collect_garbage", "delete objects nothing refers to after a grace period"),
+    "maintain": ("maintain", "all of the above that apply, in that order"),
+}
+
+
+def add_commands(commands: Any, log_options: argparse.ArgumentParser, open_log: OpenLog) -> None:
+    """Register the maintenance subcommands on ``commands`` (argparse subparsers)."""
+    for name, (method, help_text) in _COMMANDS.items():
+        sub = commands.add_parser(
+            name, parents=[log_options], help=help_text, description=help_text
+        )
+        sub.add_argument("url", metavar="URL")
+        if name != "gc":
+            sub.add_argument("--stream", metavar="S", help="only this stream")
+        sub.add_argument(
+            "--dry-run", action="store_true", help="report what would be done; change nothing"
+        )
+        if name in ("gc", "maintain"):
+            sub.add_argument(
+                "--grace",
+                metavar="SECONDS",
+                type=_grace,
+                help="gc: delete what has been unreferenced this long (default 300)",
+            )
+        sub.add_argument("--json", action="store_true", help="print the report as JSON")
+        sub.add_argument(
+            "--no-progress", action="store_true", help="no progress bar (default: on a terminal)"
+        )
+        sub.set_defaults(handler=lambda args, m=method: _run(args, m, open_log), command_name=name)
+
+
+def _grace(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, not {text}")
+    return value
+
+
+def _run(args: argparse.Namespace, method: str, open_log: OpenLog) -> int:
+    with open_log(args, create=False) as log, _progress(not args.no_progress) as progress:
+        options: dict[str, Any] = {"dry_run": args.dry_run, "progress": progress}
+        stream = getattr(args, "stream", None)
+        if getattr(args, "grace", None) is not None:
+            options["grace_seconds"] = args.grace
+        if method == "collect_garbage":
+            report: MaintenanceReport = log.collect_garbage(**options)
+        else:
+            report = getattr(log, method)(stream, **options)
+    if args.json:
+        print(json.dumps(report.to_dict(), indent=2))
+    else:
+        print("\n".join(report.summary()))
+    return 0
+
+
+@contextmanager
+def _progress(enabled: bool) -> Iterator[Progress | None]:
+    """A :data:`Progress` that draws one tqdm bar per task on stderr (tqdm stays quiet
+    when stderr is not a terminal)."""
+    if not enabled:
+        yield None
+        return
+    from tqdm import tqdm  # noqa: PLC0415 - only for the maintenance commands
+
+    bars: dict[str, Any] = {}
+
+    def progress(task: str, done: int, total: int) -> None:
+        bar = bars.get(task)
+        if bar is None:
+            bar = bars[task] = tqdm(total=total or None, desc=task, unit="", disable=None)
+        if total and bar.total != total:
+            bar.total = total
+        bar.update(done - bar.n)
+
+    try:
+        yield progress
+    finally:
+        for bar in bars.values():
+            bar.close()
