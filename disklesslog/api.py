@@ -416,12 +416,14 @@ class AbstractLog(ABC):
         dry_run: bool = False,
         progress: Progress | None = None,
         now_ms: int | None = None,
+        force: bool = False,
     ) -> MaintenanceReport:
         """Key compaction of streams whose ``cleanup_policy`` includes ``compact``: keep
         the latest record per key (offsets unchanged; reads skip the gaps), drop
         tombstones older than ``delete_retention_ms``, never touch the active tail. A
-        stream runs when its dirty ratio reaches ``min_cleanable_dirty_ratio``, or
-        always when named in ``stream`` (which must be compacted: ConfigError else)."""
+        stream is compacted when its dirty ratio (bytes written since the last pass over
+        all compactable bytes) reaches ``min_cleanable_dirty_ratio``, or with ``force``.
+        A ``stream`` named here must be compacted (ConfigError otherwise)."""
         return self._not_applicable("compaction", dry_run)
 
     def merge(
