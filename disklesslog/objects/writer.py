@@ -33,7 +33,13 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from ..config import StreamConfig
-from ..errors import ConfigError, DisklessLogError, ProducerFenced, StreamNotFound
+from ..errors import (
+    ConfigError,
+    DisklessLogError,
+    ProducerFenced,
+    SequencerConflict,
+    StreamNotFound,
+)
 from ..format import EncodedBatch, restamp
 from ..sequencers.base import BatchToCommit, CommitResult
 from ..writer import Writer, _Flush, _StreamBuffer
@@ -59,6 +65,9 @@ sequencer does not know once they are older than its grace period (5 minutes by
 default), so a commit never refers to an object that old."""
 RESTARTS = 3
 """Times one flush may be restamped because its streams were deleted under it."""
+CONFLICT_RETRIES = 5
+"""Times one flush is committed again after :class:`~disklesslog.SequencerConflict` (the
+object-store sequencer lost every race for its next entry; nothing was applied)."""
 _RETRY_DELAY = 0.05
 
 
@@ -82,6 +91,7 @@ class _Pending:
     upload_error: BaseException | None = None
     uploaded_at: float = 0.0
     restarts: int = 0
+    conflicts: int = 0
 
 
 class _Unknown(Exception):
@@ -329,6 +339,10 @@ class ObjectWriter(Writer):
         for pending, outcome in zip(ready, outcomes):
             if isinstance(outcome, list):
                 self._stored(pending, outcome)
+            elif isinstance(outcome, SequencerConflict) and pending.conflicts < CONFLICT_RETRIES:
+                pending.conflicts += 1  # nothing was applied: commit it again
+                self._log._metrics.add("commit_conflicts")
+                retry.append(pending)
             elif not self._matches(pending, self._expected()):
                 retry.append(pending)  # refused for a gap an earlier refusal left
             elif isinstance(outcome, StreamNotFound) and pending.restarts < RESTARTS:

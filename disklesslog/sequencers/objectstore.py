@@ -149,7 +149,7 @@ class ObjectStoreSequencer(Sequencer):
         clock: Clock = time.time,
         checkpoint_every: int = 100,
         entry_retention_seconds: float = 600.0,
-        max_attempts: int = 100,
+        max_attempts: int = 300,
     ) -> None:
         if type(checkpoint_every) is not int or checkpoint_every < 1:
             raise ConfigError("checkpoint_every must be an int >= 1")

@@ -18,7 +18,7 @@ import fsspec
 import pytest
 
 import disklesslog
-from disklesslog import DisklessLogError, OutOfOrderSequence, ProducerFenced
+from disklesslog import DisklessLogError, OutOfOrderSequence, ProducerFenced, SequencerConflict
 from disklesslog.errors import ConfigError
 from disklesslog.objects.writer import COMMIT_ATTEMPTS, ObjectWriter
 from disklesslog.sequencers.base import BatchToCommit, CommitResult
@@ -310,6 +310,26 @@ def test_a_failed_upload_fails_its_flush_only(monkeypatch: pytest.MonkeyPatch) -
             futures[1].result()
         assert _values(log, "s") == [b"0", b"1"]
         writer.close()
+
+
+def test_a_sequencer_conflict_is_committed_again_not_failed() -> None:
+    """SequencerConflict means nothing was applied (the object-store sequencer lost every
+    race for its next entry): the writer commits the flush again."""
+    sequencer = GatedSequencer()
+    conflicts = [2]
+
+    def refuse(key: str) -> DisklessLogError | None:
+        if conflicts[0]:
+            conflicts[0] -= 1
+            return SequencerConflict("lost the race 100 times")
+        return None
+
+    sequencer.refuse = refuse
+    with disklesslog.open(_url(), sequencer=sequencer) as log:
+        with log.writer(linger_ms=0) as writer:
+            assert writer.append("s", b"x").result() == 0
+        assert log.metrics()["commit_conflicts"] == 2
+        assert _values(log, "s") == [b"x"]
 
 
 def test_max_inflight_is_checked() -> None:
