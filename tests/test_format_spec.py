@@ -573,6 +573,13 @@ def _config(stream_dir: Path) -> dict[str, Any]:
         "segment_bytes",
         "segment_ms",
         "index_interval_bytes",
+        "cleanup_policy",
+        "retention_ms",
+        "retention_bytes",
+        "delete_retention_ms",
+        "min_cleanable_dirty_ratio",
+        "local_retention_ms",
+        "local_retention_bytes",
     }
     return dict(config)
 
