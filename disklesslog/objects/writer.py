@@ -63,6 +63,11 @@ UPLOAD_MAX_AGE = 60.0
 again under a new key before committing: garbage collection may delete objects the
 sequencer does not know once they are older than its grace period (5 minutes by
 default), so a commit never refers to an object that old."""
+INLINE_BELOW = 0.001
+"""Seconds: while uploads and commits take less than this (memory, local disks), the
+flusher uploads and commits itself instead of handing each flush to an upload thread:
+overlapping buys nothing there, and two thread hand-offs per flush cost a third of a
+small append's time. Slower storage (a cloud bucket) gets the pipeline."""
 RESTARTS = 3
 """Times one flush may be restamped because its streams were deleted under it."""
 CONFLICT_RETRIES = 5
@@ -138,6 +143,7 @@ class ObjectWriter(Writer):
         self._queue: list[_Pending] = []
         self._pending = 0  # flushes dispatched and not finished
         self._committing = False
+        self._storage_time = 0.0  # moving average of upload + commit seconds (fast until seen)
         self._uploads = ThreadPoolExecutor(
             max_workers=max_inflight, thread_name_prefix=f"disklesslog-upload {log_.url}"
         )
@@ -211,7 +217,10 @@ class ObjectWriter(Writer):
             self._pending += 1
             pending.queued = True
             self._queue.append(pending)
-        self._uploads.submit(self._upload_then_commit, pending)
+        if self._storage_time < INLINE_BELOW:
+            self._upload_then_commit(pending)
+        else:
+            self._uploads.submit(self._upload_then_commit, pending)
 
     def _drain(self) -> None:
         with self._pipe:
@@ -257,9 +266,15 @@ class ObjectWriter(Writer):
         pending.order = order
 
     def _put(self, pending: _Pending) -> None:
+        started = time.monotonic()
         self._log.storage.put(pending.key, pending.data)
         self._log.cache_object(pending.key, pending.data)
         pending.uploaded_at = time.monotonic()
+        self._observe(pending.uploaded_at - started)
+
+    def _observe(self, seconds: float) -> None:
+        """Feed the moving average that chooses between inline and pooled uploads."""
+        self._storage_time += (seconds - self._storage_time) / 8
 
     def _upload_then_commit(self, pending: _Pending) -> None:
         """Upload (in a pool thread); then commit whatever is ready, unless another
@@ -382,8 +397,10 @@ class ObjectWriter(Writer):
                 metrics.add("commit_errors")
                 time.sleep(_RETRY_DELAY * 2 ** (attempt - 1) * (0.5 + random.random()))
                 continue
-            metrics.observe("commit", time.monotonic() - started)
+            took = time.monotonic() - started
+            metrics.observe("commit", took)
             metrics.add("committed_objects", len(objects))
+            self._observe(took)
             return outcomes
         raise _Unknown(
             f"commit of object(s) {', '.join(p.key for p in ready)} failed {COMMIT_ATTEMPTS} "
