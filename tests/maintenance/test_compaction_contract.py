@@ -57,9 +57,8 @@ def _model(rows: list[Row], compacted_below: int, horizon: int) -> list[Row]:
     kept = []
     for row in rows:
         offset, ts, key, value = row
-        if offset >= compacted_below:
-            kept.append(row)
-        elif last[key] == offset and not (value is None and ts < horizon):
+        expired = value is None and ts < horizon
+        if offset >= compacted_below or (last[key] == offset and not expired):
             kept.append(row)
     return kept
 
@@ -221,7 +220,7 @@ def test_compaction_runs_while_writers_and_readers_work(maintenance_factory) -> 
     whose value matches their key and offset, in offset order; nothing acknowledged is
     lost except what compaction may drop (older records of a key)."""
     log = maintenance_factory(**COMPACTED)
-    stream = log.create_stream("s", **{k: v for k, v in COMPACTED.items()})
+    stream = log.create_stream("s")
     stop = threading.Event()
     problems: list[BaseException] = []
     acknowledged: list[tuple[int, bytes]] = []
