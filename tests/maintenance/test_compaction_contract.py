@@ -73,9 +73,21 @@ def _random_rows(seed: int, count: int, keys: int) -> list[tuple[bytes, bytes | 
     return rows
 
 
-def _compacted_range(log: disklesslog.Log, name: str, before: list[Row]) -> int:
-    """The offset below which compaction may have changed things: the first offset whose
-    row is still exactly as written from there to the end (the untouched tail)."""
+def _compacted_range(
+    log: disklesslog.Log,
+    name: str,
+    before: list[Row],
+    horizon: int = NOW - COMPACTED["delete_retention_ms"],
+) -> int:
+    """The end of the range compaction worked on: the first offset ``e`` for which the
+    model applied below ``e`` gives the stream as it is now.
+
+    It lies at or after the start of the untouched tail (the rows still exactly as
+    written from there to the end), not necessarily at it: the row just before ``e`` is
+    the latest of its key below ``e``, so it stays, and so may a few rows before it,
+    while older rows of their keys went. Returns the tail's start if no ``e`` fits (the
+    caller's comparison with the model then shows the difference).
+    """
     after = _rows(log, name)
     tail_start = after[-1][0] + 1 if after else 0
     by_offset = {r[0]: r for r in after}
@@ -83,6 +95,10 @@ def _compacted_range(log: disklesslog.Log, name: str, before: list[Row]) -> int:
         if by_offset.get(row[0]) != row:
             break
         tail_start = row[0]
+    end = before[-1][0] + 1 if before else 0
+    for e in range(tail_start, end + 1):
+        if _model(before, e, horizon) == after:
+            return e
     return tail_start
 
 
