@@ -108,7 +108,7 @@ def compact_stream(
     report = MaintenanceReport("compaction", dry_run=dry_run)
     name, directory = store.name, store.directory
     try:
-        with swap.cleaner_lock(directory) as mine:
+        with swap.cleaner_lock(directory, create=not dry_run) as mine:
             if not mine:
                 report.skipped.append(f"{name}: another process is compacting it")
                 return report

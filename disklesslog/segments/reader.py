@@ -172,8 +172,8 @@ def _segments_from(
         if index != last:
             try:
                 store.ensure_indexes(seg)
-            except SegmentReplaced as exc:
-                raise _Stale(str(exc)) from None
+            except (FileNotFoundError, SegmentReplaced):  # the rebuild found it changed
+                raise _Stale(str(seg.log_path)) from None
         yield seg, seg_end, end_pos
 
 

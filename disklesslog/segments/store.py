@@ -244,6 +244,7 @@ class StreamStore:
             if not swap.finish(self.directory, intent, sync=sync):
                 log.warning("stream %r: rolled the compaction swap back", self.name)
             swap.remove_intent(self.directory, sync=sync)
+            swap.drop_staging(self.directory)
         return replace(state, generation=state.generation + 1, flags=state.flags & ~FLAG_SWAPPING)
 
     def _install(

@@ -147,14 +147,22 @@ class Intent:
 
 
 @contextlib.contextmanager
-def cleaner_lock(directory: Path) -> Iterator[bool]:
+def cleaner_lock(directory: Path, *, create: bool = True) -> Iterator[bool]:
     """Try to become the stream's one compactor: yields whether the lock was taken.
 
     A non-blocking ``flock`` of ``cleaner.lock``, held for the whole pass. Another
     open file description holding it, in this process or another, means a compactor
-    is at work (or a recovery is deciding about its staging directory).
+    is at work (or a recovery is deciding about its staging directory). Without
+    ``create`` (a dry run, which writes nothing) a missing lock file means no
+    compactor ever ran: the lock is taken without one.
     """
-    fd = os.open(directory / CLEANER_LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fd = os.open(directory / CLEANER_LOCK, os.O_RDWR | (os.O_CREAT if create else 0), 0o644)
+    except FileNotFoundError:
+        if create or not directory.exists():
+            raise
+        yield True
+        return
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -181,8 +189,9 @@ def clear_staging(directory: Path) -> Path:
 
 
 def drop_staging(directory: Path) -> None:
-    """After a pass (cleaner lock held): remove the staging directory, unless an intent
-    still needs it (a swap that failed after its commit point, left for recovery)."""
+    """After a pass (cleaner lock held) or a recovered swap (stream lock held, so no
+    compactor can be staging): remove the staging directory, unless an intent still
+    needs it (a swap that failed after its commit point, left for recovery)."""
     if not (directory / INTENT).exists():
         shutil.rmtree(directory / STAGING, ignore_errors=True)
 
@@ -256,11 +265,12 @@ def read_intent(directory: Path) -> Intent | None:
 
 
 def remove_intent(directory: Path, *, sync: bool) -> None:
+    """The end of a swap (or of its roll-back): its staging directory is then a
+    leftover for :func:`drop_staging`."""
     with contextlib.suppress(FileNotFoundError):
         os.unlink(directory / INTENT)
     if sync:
         fsync_directory(directory)
-    shutil.rmtree(directory / STAGING, ignore_errors=True)
 
 
 # ----------------------------------------------------------------------- the swap
