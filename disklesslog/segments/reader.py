@@ -88,7 +88,13 @@ def _read(
             return
         except _Stale as exc:
             stale += 1
-            snap = _fresh_snapshot(store, lo, stale, str(exc))
+            snap = _fresh_snapshot(store, stale, str(exc))
+            if lo < snap.start_offset:
+                raise OffsetOutOfRange(
+                    f"offset {lo} of {store.name!r} was trimmed while reading",
+                    start_offset=snap.start_offset,
+                    end_offset=snap.end_offset,
+                ) from None
 
 
 def _check_end(
@@ -109,23 +115,16 @@ def _check_end(
         )
 
 
-def _fresh_snapshot(store: StreamStore, lo: int, attempts: int, path: str) -> Snapshot:
-    """The snapshot a read continues with from offset ``lo`` after it found a segment
-    file replaced or gone: trimmed records are out of range, as for any read."""
+def _fresh_snapshot(store: StreamStore, attempts: int, path: str) -> Snapshot:
+    """The snapshot a read continues with after it found the segment file at ``path``
+    replaced or gone (``attempts`` times in a row)."""
     if attempts > _MAX_STALE:
         raise CorruptDataError(
             f"segment files keep changing under the reader ({attempts} times in a row); "
             "is something other than disklesslog modifying the stream directory?",
             source=path,
         )
-    snap = store.snapshot(fresh=True)
-    if lo < snap.start_offset:
-        raise OffsetOutOfRange(
-            f"offset {lo} of {store.name!r} was trimmed while reading",
-            start_offset=snap.start_offset,
-            end_offset=snap.end_offset,
-        )
-    return snap
+    return store.snapshot(fresh=True)
 
 
 def offset_for_time(store: StreamStore, timestamp: int) -> int | None:
@@ -140,7 +139,7 @@ def offset_for_time(store: StreamStore, timestamp: int) -> int | None:
         try:
             return _offset_for_time(store, snap, timestamp)
         except _Stale as exc:
-            snap = _fresh_snapshot(store, snap.start_offset, attempt, str(exc))
+            snap = _fresh_snapshot(store, attempt, str(exc))
     raise AssertionError("unreachable: _fresh_snapshot gives up first")
 
 

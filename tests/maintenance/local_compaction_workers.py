@@ -12,11 +12,14 @@ from pathlib import Path
 import disklesslog
 
 NOW = 50_000_000
-CONFIG = {
+SEGMENT_BYTES = 4096
+INDEX_INTERVAL = 256
+DELETE_RETENTION_MS = 10_000
+CONFIG: dict[str, object] = {
     "cleanup_policy": "compact",
-    "segment_bytes": 4096,
-    "index_interval_bytes": 256,
-    "delete_retention_ms": 10_000,
+    "segment_bytes": SEGMENT_BYTES,
+    "index_interval_bytes": INDEX_INTERVAL,
+    "delete_retention_ms": DELETE_RETENTION_MS,
 }
 KEYS = 40
 
@@ -30,7 +33,7 @@ def write(directory: str, count: int, seed: int) -> list[tuple[int, bytes, bytes
     """Append ``count`` keyed records in small batches; return every acknowledged
     ``(offset, key, value)``."""
     rng = random.Random(seed)
-    acked = []
+    acked: list[tuple[int, bytes, bytes]] = []
     with disklesslog.open(directory, fsync="never") as log:
         stream = log.create_stream("s", **CONFIG)
         seq = 0

@@ -17,12 +17,21 @@ import random
 import signal
 import time
 import zlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import pytest
-from local_compaction_workers import CONFIG, NOW, compact, read, write
+from local_compaction_workers import (
+    CONFIG,
+    DELETE_RETENTION_MS,
+    INDEX_INTERVAL,
+    NOW,
+    SEGMENT_BYTES,
+    compact,
+    read,
+    write,
+)
 
 import disklesslog
 from disklesslog import ConfigError, CorruptDataError, InvalidStreamName
@@ -40,7 +49,7 @@ from disklesslog.segments.layout import CONFIG as STREAM_CONFIG
 from disklesslog.segments.segment import Segment
 
 SPAWN = multiprocessing.get_context("spawn")
-HORIZON = NOW - CONFIG["delete_retention_ms"]
+HORIZON = NOW - DELETE_RETENTION_MS
 Row = tuple[int, int, bytes | None, bytes | None]  # offset, timestamp, key, value
 SWAP_STEPS = [
     "staging",  # a group half written in the staging directory
@@ -65,7 +74,10 @@ def _open(path: Path, **options: object) -> disklesslog.Log:
 
 
 def _write(
-    log: disklesslog.Log, rows: list[tuple[bytes, bytes | None, int]], per: int, **config: object
+    log: disklesslog.Log,
+    rows: Sequence[tuple[bytes, bytes | None, int]],
+    per: int,
+    **config: object,
 ) -> None:
     """Append ``(key, value, timestamp)`` rows to stream "s" (created with ``CONFIG``
     and ``config`` if it is new), ``per`` to a batch."""
@@ -94,7 +106,7 @@ def _rows(log: disklesslog.Log) -> list[Row]:
     return [(r.offset, r.timestamp, r.key, r.value) for r in log.stream("s").read()]
 
 
-def _model(rows: list[Row], below: int, horizon: int = HORIZON) -> list[Row]:
+def _model(rows: Sequence[Row], below: int, horizon: int = HORIZON) -> list[Row]:
     """Compaction of the offsets below ``below``: the latest row of each key there
     (without tombstones older than ``horizon``), and every row from ``below`` on."""
     last = {key: offset for offset, _, key, _ in rows if offset < below}
@@ -139,7 +151,7 @@ def _assert_indexes_valid(path: Path, log: disklesslog.Log) -> None:
     for base, end, size in closed:
         paths = [directory / segment_name(base, s) for s in (".index", ".timeindex")]
         on_disk = [path.read_bytes() if path.exists() else b"" for path in paths]
-        seg = Segment(directory, base, CONFIG["index_interval_bytes"], compacted=True)
+        seg = Segment(directory, base, INDEX_INTERVAL, compacted=True)
         seg.size, seg.end_offset = size, end
         seg.rebuild_indexes(log.stream("s").config.max_batch_bytes)
         rebuilt = [path.read_bytes() for path in paths]
@@ -218,7 +230,7 @@ def test_small_segments_are_grouped_into_one(tmp_path: Path) -> None:
         segments = _segments(log)
         assert report.segments_deleted == closed_before
         assert report.segments_written == len(segments) - 1 < closed_before / 5, report.summary()
-        assert all(size <= CONFIG["segment_bytes"] for _, _, size in segments)
+        assert all(size <= SEGMENT_BYTES for _, _, size in segments)
         assert all(a[1] == b[0] for a, b in itertools.pairwise(segments))  # contiguous
         assert _rows(log) == _model(before, segments[-1][0])
         _assert_indexes_valid(tmp_path, log)
@@ -392,6 +404,17 @@ def test_retention_during_a_pass_aborts_its_swap(tmp_path: Path) -> None:
     _assert_tidy(tmp_path)
 
 
+def test_maintain_compacts_compacted_streams_and_skips_the_others(tmp_path: Path) -> None:
+    before = _compacted(tmp_path, seed=31)
+    with _open(tmp_path) as log:
+        log.stream("plain").append(b"x")
+        skipped = log.maintain("plain", now_ms=NOW)
+        assert "compaction: plain: cleanup_policy='delete'" in skipped.skipped
+        report = log.maintain(now_ms=NOW)
+        assert any(line.startswith("compaction: s: ") for line in report.actions), report
+        assert _rows(log) == _model(before, _active_base(log))
+
+
 def test_bad_requests_raise_typed_errors(tmp_path: Path) -> None:
     with _open(tmp_path) as log:
         with pytest.raises(InvalidStreamName):
@@ -468,7 +491,7 @@ def test_a_crash_at_each_step_of_the_swap(tmp_path: Path, step: str) -> None:
     """The swap is all or nothing at every step: before the intent, reopening shows
     the old records; from it on, recovery finishes the swap. Compacting again then
     completes, and nothing is left behind."""
-    before = _compacted(tmp_path, seed=23, count=1500, keys=60)
+    before = _compacted(tmp_path, seed=23, count=800, keys=60)
     with _open(tmp_path) as log:
         end = _active_base(log)
     assert _fork("compact", tmp_path, {swap.CRASH_ENV: step}) == 77, "the step was not reached"
@@ -485,7 +508,7 @@ def test_a_crash_at_each_step_of_the_swap(tmp_path: Path, step: str) -> None:
 @pytest.mark.parametrize("again", ["renamed-first", "unlinked", "checkpointed"])
 def test_a_crash_while_recovery_finishes_a_swap(tmp_path: Path, again: str) -> None:
     """Finishing a swap is idempotent: recovery itself may crash and be run again."""
-    before = _compacted(tmp_path, seed=25, count=1500, keys=60)
+    before = _compacted(tmp_path, seed=25, count=800, keys=60)
     with _open(tmp_path) as log:
         end = _active_base(log)
     assert _fork("compact", tmp_path, {swap.CRASH_ENV: "flagged"}) == 77
@@ -496,7 +519,7 @@ def test_a_crash_while_recovery_finishes_a_swap(tmp_path: Path, again: str) -> N
 
 
 def test_a_lost_staged_segment_rolls_back_a_swap_that_had_not_started(tmp_path: Path) -> None:
-    before = _compacted(tmp_path, seed=27, count=1500, keys=60)
+    before = _compacted(tmp_path, seed=27, count=800, keys=60)
     assert _fork("compact", tmp_path, {swap.CRASH_ENV: "intent"}) == 77
     staged = sorted((_stream_dir(tmp_path) / STAGING).glob("*.log"))
     staged[-1].unlink()
@@ -506,7 +529,7 @@ def test_a_lost_staged_segment_rolls_back_a_swap_that_had_not_started(tmp_path: 
 
 
 def test_a_lost_staged_segment_after_the_swap_began_is_reported(tmp_path: Path) -> None:
-    _compacted(tmp_path, seed=27, count=1500, keys=60)
+    _compacted(tmp_path, seed=27, count=800, keys=60)
     assert _fork("compact", tmp_path, {swap.CRASH_ENV: "renamed-first"}) == 77
     staged = sorted((_stream_dir(tmp_path) / STAGING).glob("*.log"))
     assert staged, "the test needs a swap of two groups or more"
@@ -516,7 +539,7 @@ def test_a_lost_staged_segment_after_the_swap_began_is_reported(tmp_path: Path) 
 
 
 def test_a_lost_staged_index_is_rebuilt(tmp_path: Path) -> None:
-    before = _compacted(tmp_path, seed=29, count=1500, keys=60)
+    before = _compacted(tmp_path, seed=29, count=800, keys=60)
     with _open(tmp_path) as log:
         end = _active_base(log)
     assert _fork("compact", tmp_path, {swap.CRASH_ENV: "renamed-first"}) == 77
@@ -528,27 +551,41 @@ def test_a_lost_staged_index_is_rebuilt(tmp_path: Path) -> None:
 
 
 def _kill_rounds(path: Path, rounds: int, seed: int) -> Iterator[str]:
-    """Compact in a forked child and SIGKILL it at a random moment, ``rounds`` times,
-    appending more between rounds; after each kill, reopening (recovery) and
-    compacting again must give exactly the model, with nothing left behind. Yields
-    how each round ended ("killed" or "finished")."""
+    """Compact in a forked child and SIGKILL it, ``rounds`` times, appending more
+    between rounds; after each kill, reopening (recovery) and compacting again must
+    give exactly the model, with nothing left behind. Every other round kills at a
+    random moment of the pass, the others at a random moment after the intent
+    appeared (the swap itself takes milliseconds, so random moments rarely hit it).
+    Yields how each round ended: "finished", "killed" or "killed in the swap"."""
     rng = random.Random(seed)
     written: list[Row] = []
+    intent = _stream_dir(path) / INTENT
     for round_no in range(rounds):
         with _open(path) as log:
             _write(log, _random_rows(seed * 1000 + round_no, 600, 50), per=rng.choice([5, 20]))
             written = _with_offsets(written, _rows(log))
+        fsync = rng.choice(["always", "never"])
         pid = os.fork()
         if pid == 0:  # pragma: no cover - the child
             try:
-                with _open(path, fsync=rng.choice(["always", "never"])) as log:
+                with _open(path, fsync=fsync) as log:
                     log.compact(now_ms=NOW, force=True)
             finally:
                 os._exit(0)
-        time.sleep(rng.uniform(0, 0.08))
-        os.kill(pid, signal.SIGKILL)
-        _, status = os.waitpid(pid, 0)
-        yield "killed" if os.WIFSIGNALED(status) else "finished"
+        in_swap = round_no % 2 == 1
+        ended = 0, 0  # (pid, status) once the child is reaped
+        if in_swap:
+            deadline = time.monotonic() + 10
+            while not intent.exists() and not (ended := os.waitpid(pid, os.WNOHANG))[0]:
+                assert time.monotonic() < deadline, "the pass never reached its swap"
+            time.sleep(rng.uniform(0, 0.01 if fsync == "always" else 0.001))
+        else:
+            time.sleep(rng.uniform(0, 0.08))
+        if not ended[0]:  # never signal a pid already reaped: it may belong to another
+            os.kill(pid, signal.SIGKILL)
+            ended = os.waitpid(pid, 0)
+        killed = os.WIFSIGNALED(ended[1])
+        yield ("killed in the swap" if in_swap else "killed") if killed else "finished"
         with _open(path) as log:
             current = _rows(log)
             end = _active_base(log)
@@ -568,10 +605,10 @@ def _with_offsets(written: list[Row], current: list[Row]) -> list[Row]:
 
 def test_sigkill_during_compaction(tmp_path: Path) -> None:
     outcomes = list(_kill_rounds(tmp_path, 10, seed=1))
-    assert "killed" in outcomes, outcomes
+    assert "killed" in outcomes and "killed in the swap" in outcomes, outcomes
 
 
 @pytest.mark.slow
 def test_sigkill_during_compaction_many_times(tmp_path: Path) -> None:
-    outcomes = list(_kill_rounds(tmp_path, 60, seed=2))
-    assert outcomes.count("killed") > 20, outcomes
+    outcomes = list(_kill_rounds(tmp_path, 80, seed=2))
+    assert outcomes.count("killed") > 10 and outcomes.count("killed in the swap") > 10, outcomes
