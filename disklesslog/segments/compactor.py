@@ -21,10 +21,10 @@ compactor per stream, across processes) and:
    :mod:`.swap`), which also moves the checkpoint to the cleanable end; when nothing
    changed, only the checkpoint moves.
 
-Memory stays bounded by a batch and a chunk of survivors: segments are streamed, and
-a segment that is rewritten is read again rather than held (closed segments never
-change, and the cleaner lock keeps other compactors away; retention may delete one
-meanwhile, which the swap notices and refuses).
+Besides the key map, memory stays bounded by a chunk of survivors: segments are
+streamed, and a segment that is rewritten is read again rather than held (closed
+segments never change, and the cleaner lock keeps other compactors away; retention may
+delete one meanwhile, which the swap notices and refuses).
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from typing import BinaryIO
 
 from ..config import StreamConfig
 from ..errors import CorruptDataError
-from ..format import HEADER_SIZE, EncodedBatch
+from ..format import HEADER_SIZE
 from ..maintenance.compaction import (
     KeyMap,
     Piece,
@@ -84,16 +84,6 @@ class _Scan:
         return self.kept != self.records
 
 
-@dataclass
-class _Totals:
-    """Counters of one pass, for its report."""
-
-    segments_read: set[int]
-    bytes_read: int = 0
-    done: int = 0
-    total: int = 0
-
-
 def compact_stream(
     store: StreamStore,
     *,
@@ -105,145 +95,192 @@ def compact_stream(
 ) -> MaintenanceReport:
     """One cleaner pass over ``store``'s stream (see the module docstring). Returns
     what it did, or with ``dry_run`` what it would do (then it writes nothing)."""
-    report = MaintenanceReport("compaction", dry_run=dry_run)
     name, directory = store.name, store.directory
     try:
         with swap.cleaner_lock(directory, create=not dry_run) as mine:
             if not mine:
-                report.skipped.append(f"{name}: another process is compacting it")
-                return report
+                return _skipped(name, dry_run, "another process is compacting it")
             store.recover_swap()
+            cleaner = _Pass(store, now_ms, dry_run, progress, max_keys)
             try:
-                _pass(store, report, now_ms, force, dry_run, progress, max_keys)
+                return cleaner.run(force)
             except _Changed:
-                report = MaintenanceReport("compaction", dry_run=dry_run)
-                report.skipped.append(
-                    f"{name}: segments were deleted (by retention?) during the pass; "
-                    "nothing was swapped, compact again"
+                return _skipped(
+                    name,
+                    dry_run,
+                    "segments were deleted (by retention?) during the pass; nothing was "
+                    "swapped, compact again",
                 )
             finally:
-                if not dry_run:
-                    swap.drop_staging(directory)
+                cleaner.abandon()
     except FileNotFoundError:
         if directory.exists():
             raise
-        report.skipped.append(f"{name}: deleted during the pass")
+        return _skipped(name, dry_run, "deleted during the pass")
+
+
+def _skipped(name: str, dry_run: bool, why: str) -> MaintenanceReport:
+    report = MaintenanceReport("compaction", dry_run=dry_run)
+    report.skipped.append(f"{name}: {why}")
     return report
 
 
-def _pass(
-    store: StreamStore,
-    report: MaintenanceReport,
-    now_ms: int,
-    force: bool,
-    dry_run: bool,
-    progress: Progress | None,
-    max_keys: int,
-) -> None:
-    name, config, directory = store.name, store.config, store.directory
-    snap = store.snapshot()
-    closed = [(seg, size) for seg, size in snap.segments[:-1] if seg.end_offset > snap.start_offset]
-    if not closed:
-        report.skipped.append(f"{name}: nothing to compact: every record is in the active segment")
-        return
-    stored = swap.read_checkpoint(directory)
-    checkpoint = min(max(stored, closed[0][0].base), closed[-1][0].end_offset)
-    clean = sum(size for seg, size in closed if seg.end_offset <= checkpoint)
-    ratio = dirty_ratio(clean, sum(size for _, size in closed) - clean)
-    if ratio < config.min_cleanable_dirty_ratio and not force:
-        report.skipped.append(
-            f"{name}: dirty ratio {ratio:.2f} is below min_cleanable_dirty_ratio "
-            f"{config.min_cleanable_dirty_ratio} (force=True compacts anyway)"
-        )
-        return
-    totals = _Totals(set(), total=sum(size for _, size in closed) * 2 - clean)
-    task = f"compact {name}"
+class _Pass:
+    """The steps of one pass, with its counters (the report and the progress)."""
 
-    def advance(seg: Segment, size: int) -> None:
-        totals.segments_read.add(seg.base)
-        totals.bytes_read += size
-        totals.done += size
-        if progress is not None:
-            progress(task, totals.done, max(totals.total, totals.done))
+    def __init__(
+        self,
+        store: StreamStore,
+        now_ms: int,
+        dry_run: bool,
+        progress: Progress | None,
+        max_keys: int,
+    ) -> None:
+        self.store = store
+        self.config = store.config
+        self.name = store.name
+        self.directory = store.directory
+        self.cutoff = horizon(store.config, now_ms)
+        self.dry_run = dry_run
+        self.progress = progress
+        self.max_keys = max_keys
+        self.report = MaintenanceReport("compaction", dry_run=dry_run)
+        self.segments_read: set[int] = set()
+        self.done = 0
+        self.total = 0
+        self.groups: list[_Group] = []
 
-    if progress is not None:
-        progress(task, 0, totals.total)
-    # 3. The key map of the dirty segments, up to where it fills.
-    key_map = KeyMap(max_keys)
-    end = checkpoint
-    for seg, size in closed:
-        if seg.end_offset <= checkpoint:
-            continue
-        if key_map.full and end > checkpoint:
-            break
-        for batch in _batches(seg, size, config):
-            key_map.add(batch)
-        end = seg.end_offset
-        advance(seg, size)
-    # 4. Scan the cleanable range; group and stage what changes.
-    staging = None if dry_run else swap.clear_staging(directory)
-    sync = store.durable
-    cutoff = horizon(config, now_ms)
-    groups: list[_Group] = []
-    group: _Group | None = None
-    for seg, size in closed:
-        if seg.base >= end:
-            break
-        scan = _scan(seg, size, config, key_map, cutoff)
-        advance(seg, size)
-        if group is not None and not group.fits(scan, config):
-            groups.append(group.close())
-            group = None
-        if group is None and scan.changed:
-            group = _Group(staging, seg.base, config, sync=sync)
+    def run(self, force: bool) -> MaintenanceReport:
+        snap = self.store.snapshot()
+        closed = [
+            (seg, size) for seg, size in snap.segments[:-1] if seg.end_offset > snap.start_offset
+        ]
+        if not closed:
+            return _skipped(self.name, self.dry_run, "nothing to compact: no closed segments")
+        stored = swap.read_checkpoint(self.directory)
+        checkpoint = min(max(stored, closed[0][0].base), closed[-1][0].end_offset)
+        clean = sum(size for seg, size in closed if seg.end_offset <= checkpoint)
+        everything = sum(size for _, size in closed)
+        ratio = dirty_ratio(clean, everything - clean)
+        minimum = self.config.min_cleanable_dirty_ratio
+        if ratio < minimum and not force:
+            return _skipped(
+                self.name,
+                self.dry_run,
+                f"dirty ratio {ratio:.2f} is below min_cleanable_dirty_ratio {minimum} "
+                "(force=True compacts anyway)",
+            )
+        self.total = 2 * everything - clean  # the key map reads the dirty bytes, the scan all
+        self._advance(None, 0)
+        key_map, end = self._map_keys(closed, checkpoint)
+        self._stage(closed, end, key_map)
+        self._advance(None, 0, finished=True)
+        self.report.add(segments_read=len(self.segments_read))
+        if not self.groups:
+            if not self.dry_run and end > stored:
+                swap.write_checkpoint(self.directory, end, sync=self.store.durable)
+            self.report.skipped.append(f"{self.name}: nothing to remove (dirty ratio {ratio:.2f})")
+            return self.report
+        if not self.dry_run:
+            self._swap(end)
+        self._account(ratio)
+        return self.report
+
+    def abandon(self) -> None:
+        """Close what a failed pass left open and remove its staging directory (unless
+        an intent needs it: recovery finishes that swap)."""
+        for group in self.groups:
+            group.abandon()
+        if not self.dry_run:
+            swap.drop_staging(self.directory)
+
+    def _map_keys(self, closed: list[tuple[Segment, int]], checkpoint: int) -> tuple[KeyMap, int]:
+        """The key map of the dirty segments, whole segments until it holds
+        ``max_keys`` keys, and the cleanable end: where it stopped."""
+        key_map = KeyMap(self.max_keys)
+        end = checkpoint
+        for seg, size in closed:
+            if seg.end_offset <= checkpoint:
+                continue
+            if key_map.full and end > checkpoint:
+                break
+            for batch in _batches(seg, size, self.config):
+                key_map.add(batch)
+            end = seg.end_offset
+            self._advance(seg, size)
+        return key_map, end
+
+    def _stage(self, closed: list[tuple[Segment, int]], end: int, key_map: KeyMap) -> None:
+        """Scan the closed segments below ``end``; group those to rewrite and write each
+        group as a new segment in the staging directory (in a dry run, only measure)."""
+        staging = None if self.dry_run else swap.clear_staging(self.directory)
+        group: _Group | None = None
+        for seg, size in closed:
+            if seg.base >= end:
+                break
+            scan = _scan(seg, size, self.config, key_map, self.cutoff)
+            self._advance(seg, size)
+            if group is not None and not group.fits(scan):
+                group.close()
+                group = None
+            if group is None and scan.changed:
+                group = _Group(staging, seg.base, self.config, sync=self.store.durable)
+                self.groups.append(group)
+            if group is not None:
+                self.total += size
+                group.add(scan, _rewrite(seg, size, self.config, key_map, self.cutoff))
+                self._advance(seg, size)
+                if staging is not None and len(self.groups) == 1 and len(group.members) == 1:
+                    swap.crash_point("staging")
         if group is not None:
-            totals.total += size
-            group.add(scan, _rewrite(seg, size, config, key_map, cutoff))
-            advance(seg, size)
-            if staging is not None and not groups and len(group.members) == 1:
-                swap.crash_point("staging")
-    if group is not None:
-        groups.append(group.close())
-    # 5. Swap the groups in (or just move the checkpoint).
-    if progress is not None:
-        progress(task, totals.done, totals.done)
-    report.add(segments_read=len(totals.segments_read), bytes_read=totals.bytes_read)
-    if not groups:
-        if not dry_run and end > stored:
-            swap.write_checkpoint(directory, end, sync=sync)
-        report.skipped.append(f"{name}: nothing to remove (dirty ratio {ratio:.2f})")
-        return
-    if staging is not None:
-        if sync:
+            group.close()
+        if staging is not None and self.store.durable:
             fsync_directory(staging)
+
+    def _swap(self, end: int) -> None:
+        """Swap the staged groups in (:meth:`StreamStore.replace_segments`); the
+        checkpoint moves to ``end`` with them."""
         swap.crash_point("staged")
         intent = swap.Intent(
             end,
             tuple(
                 swap.Replaced(scan.seg.base, scan.seg.inode, scan.size)
-                for group in groups
+                for group in self.groups
                 for scan in group.members
             ),
-            tuple(group.staged for group in groups if group.staged is not None),
+            tuple(group.staged for group in self.groups if group.staged is not None),
         )
-        if not store.replace_segments(intent):
+        if not self.store.replace_segments(intent):
             raise _Changed
-    members = [scan for group in groups for scan in group.members]
-    removed = sum(scan.records - scan.kept for scan in members)
-    old_bytes = sum(scan.size for scan in members)
-    new_bytes = sum(group.size for group in groups)
-    report.add(
-        records_removed=removed,
-        bytes_removed=old_bytes - new_bytes,
-        segments_written=len(groups),
-        bytes_written=new_bytes,
-        segments_deleted=len(members),
-        bytes_deleted=old_bytes,
-    )
-    report.actions.append(
-        f"{name}: {len(members):,} segments rewritten into {len(groups):,}, "
-        f"{removed:,} records removed, dirty ratio {ratio:.2f}"
-    )
+
+    def _account(self, ratio: float) -> None:
+        members = [scan for group in self.groups for scan in group.members]
+        removed = sum(scan.records - scan.kept for scan in members)
+        old_bytes = sum(scan.size for scan in members)
+        new_bytes = sum(group.size for group in self.groups)
+        self.report.add(
+            records_removed=removed,
+            bytes_removed=old_bytes - new_bytes,
+            segments_written=len(self.groups),
+            bytes_written=new_bytes,
+            segments_deleted=len(members),
+            bytes_deleted=old_bytes,
+        )
+        self.report.actions.append(
+            f"{self.name}: {len(members):,} segments rewritten into {len(self.groups):,}, "
+            f"{removed:,} records removed, dirty ratio {ratio:.2f}"
+        )
+
+    def _advance(self, seg: Segment | None, size: int, *, finished: bool = False) -> None:
+        """Count ``size`` bytes read from ``seg`` and tell ``progress``."""
+        if seg is not None:
+            self.segments_read.add(seg.base)
+            self.report.add(bytes_read=size)
+            self.done += size
+        if finished:
+            self.total = self.done
+        if self.progress is not None:
+            self.progress(f"compact {self.name}", self.done, max(self.total, self.done))
 
 
 # ---------------------------------------------------------------------- reading
@@ -343,15 +380,16 @@ class _Group:
             self._segment = Segment(staging, base, config.index_interval_bytes)
             self._file = open(self._segment.log_path, "wb", buffering=1 << 20)  # noqa: SIM115
 
-    def fits(self, scan: _Scan, config: StreamConfig) -> bool:
+    def fits(self, scan: _Scan) -> bool:
         """Whether ``scan``'s segment may join: the estimated result stays within
         ``segment_bytes`` and the offsets within what a segment's indexes can address."""
         return (
-            self.estimate + scan.estimate <= config.segment_bytes
+            self.estimate + scan.estimate <= self.config.segment_bytes
             and scan.seg.end_offset - self.base <= _U32_MAX
         )
 
     def add(self, scan: _Scan, pieces: Iterator[Piece]) -> None:
+        """Write the pieces of a member segment (all of them tiling its offsets)."""
         for piece in pieces:
             pending = self._pending
             if pending is not None:
@@ -367,7 +405,9 @@ class _Group:
         self.estimate += scan.estimate
         self.end = scan.seg.end_offset
 
-    def close(self) -> _Group:
+    def close(self) -> None:
+        """Write the held-back piece, then finish the staged files: the ``.log``
+        synced, the indexes sealed, written and synced; note their inodes."""
         pending = self._pending
         if pending is not None:
             if pending.end < self.end:  # a gap closes the group
@@ -376,12 +416,13 @@ class _Group:
             self._pending = None
         segment, file = self._segment, self._file
         if segment is None or file is None:
-            return self
-        file.flush()
-        if self._sync:
-            os.fsync(file.fileno())
-        log_inode = os.fstat(file.fileno()).st_ino
-        file.close()
+            return
+        self._file = None
+        with file:
+            file.flush()
+            if self._sync:
+                os.fsync(file.fileno())
+            log_inode = os.fstat(file.fileno()).st_ino
         segment.seal(persist=False)
         segment.index.rewrite()
         segment.timeindex.rewrite()
@@ -392,10 +433,15 @@ class _Group:
         index_inode = os.stat(staging / segment_name(self.base, INDEX_SUFFIX)).st_ino
         time_inode = os.stat(staging / segment_name(self.base, TIMEINDEX_SUFFIX)).st_ino
         self.staged = swap.Staged(self.base, self.size, (log_inode, index_inode, time_inode))
-        return self
+
+    def abandon(self) -> None:
+        """Close the staged file of a pass that failed (the directory goes with it)."""
+        if self._file is not None:
+            self._file.close()
+            self._file = None
 
     def _write(self, piece: Piece) -> None:
-        encoded: EncodedBatch = encode_piece(piece, self.config)
+        encoded = encode_piece(piece, self.config)
         total = ENTRY_PREFIX_SIZE + encoded.size
         if self._file is not None and self._segment is not None:
             self._file.write(ENTRY_PREFIX.pack(piece.base))
