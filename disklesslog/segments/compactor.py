@@ -168,7 +168,7 @@ class _Pass:
                 self.name,
                 self.dry_run,
                 f"dirty ratio {ratio:.2f} is below min_cleanable_dirty_ratio {minimum} "
-                "(force=True compacts anyway)",
+                "(force=True, or --force, compacts anyway)",
             )
         self.total = 2 * everything - clean  # the key map reads the dirty bytes, the scan all
         self._advance(None, 0)

@@ -34,7 +34,7 @@ from local_compaction_workers import (
 )
 
 import disklesslog
-from disklesslog import ConfigError, CorruptDataError, InvalidStreamName
+from disklesslog import ConfigError, CorruptDataError, InvalidStreamName, cli
 from disklesslog.segments import swap
 from disklesslog.segments.layout import (
     CHECKPOINT,
@@ -255,7 +255,7 @@ def test_checkpoint_and_dirty_ratio(tmp_path: Path) -> None:
         report = log.compact("s", now_ms=NOW)
         assert report.skipped == [
             f"s: dirty ratio {ratio:.2f} is below min_cleanable_dirty_ratio 0.9 "
-            "(force=True compacts anyway)"
+            "(force=True, or --force, compacts anyway)"
         ]
         forced = log.compact("s", now_ms=NOW, force=True)
         assert forced.actions[0].endswith(f"dirty ratio {ratio:.2f}"), forced.actions
@@ -412,6 +412,21 @@ def test_maintain_compacts_compacted_streams_and_skips_the_others(tmp_path: Path
         assert "compaction: plain: cleanup_policy='delete'" in skipped.skipped
         report = log.maintain(now_ms=NOW)
         assert any(line.startswith("compaction: s: ") for line in report.actions), report
+        assert _rows(log) == _model(before, _active_base(log))
+
+
+def test_the_compact_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    _compacted(tmp_path, seed=33, min_cleanable_dirty_ratio=1.0)
+    assert cli.main(["compact", str(tmp_path), "--no-progress"]) == 0
+    assert "segments rewritten into" in capsys.readouterr().out  # never compacted: ratio 1
+    with _open(tmp_path) as log:
+        _write(log, _random_rows(34, 100, 40), per=10)
+        before = _rows(log)
+    assert cli.main(["compact", str(tmp_path), "--stream", "s", "--no-progress"]) == 0
+    assert "below min_cleanable_dirty_ratio 1.0" in capsys.readouterr().out
+    assert cli.main(["compact", str(tmp_path), "--force", "--no-progress"]) == 0
+    assert "segments rewritten into" in capsys.readouterr().out
+    with _open(tmp_path) as log:
         assert _rows(log) == _model(before, _active_base(log))
 
 
