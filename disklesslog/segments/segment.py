@@ -301,8 +301,8 @@ class Segment:
         The entries must reach the next segment's base, except that a compacted
         segment may be empty (every record it covered was compacted away).
         """
-        log.warning("rebuilding the indexes of %s", self.log_path)
         fd = self.open_log()
+        log.warning("rebuilding the indexes of %s", self.log_path)
         self.index.clear()
         self.timeindex.clear()
         expected_end, size = self.end_offset, self.size
