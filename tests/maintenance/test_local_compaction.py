@@ -415,6 +415,20 @@ def test_maintain_compacts_compacted_streams_and_skips_the_others(tmp_path: Path
         assert _rows(log) == _model(before, _active_base(log))
 
 
+def test_compact_and_delete_streams_get_both(tmp_path: Path) -> None:
+    """cleanup_policy "compact,delete": retention drops the oldest segments, then
+    compaction the superseded records of the rest."""
+    before = _compacted(
+        tmp_path, seed=35, count=900, cleanup_policy="compact,delete", retention_bytes=20_000
+    )
+    with _open(tmp_path) as log:
+        report = log.maintain(now_ms=NOW)
+        start = log.stream("s").start_offset
+        assert start > 0 and any(line.startswith("compaction: s:") for line in report.actions)
+        kept = [row for row in before if row[0] >= start]
+        assert _rows(log) == _model(kept, _active_base(log))
+
+
 def test_the_compact_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     _compacted(tmp_path, seed=33, min_cleanable_dirty_ratio=1.0)
     assert cli.main(["compact", str(tmp_path), "--no-progress"]) == 0
