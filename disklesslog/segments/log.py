@@ -240,9 +240,9 @@ class SegmentLog(AbstractLog):
             config = self._read_config(validate_stream_name(stream))
             if not config.compacted:
                 raise ConfigError(
-                    f"stream {stream!r} has cleanup_policy={config.cleanup_policy!r}: only "
-                    "streams created with cleanup_policy 'compact' or 'compact,delete' are "
-                    "compacted"
+                    f"stream {stream!r} has cleanup_policy={config.cleanup_policy!r}, so it "
+                    "is not compacted: only streams created with cleanup_policy='compact' "
+                    "or 'compact,delete' are (compact() without a stream skips the others)"
                 )
         names = [stream] if stream is not None else self.streams()
         for name in names:
