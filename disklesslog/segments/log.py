@@ -232,7 +232,8 @@ class SegmentLog(AbstractLog):
         """Key compaction of the closed segments of compacted streams (``stream``, or
         every stream whose ``cleanup_policy`` includes ``compact``): one cleaner pass
         each (:mod:`disklesslog.segments.compactor`), safe alongside appends, reads,
-        trims and compactions in other processes."""
+        trims and compactions in other processes. Damaged data stops the pass of its
+        stream: :class:`CorruptDataError` for a named stream, a skipped line otherwise."""
         self._check_open()
         report = MaintenanceReport("compaction", dry_run=dry_run)
         now = int(time.time() * 1000) if now_ms is None else now_ms
@@ -269,6 +270,11 @@ class SegmentLog(AbstractLog):
                 if stream is not None:
                     raise
                 report.skipped.append(f"{name}: deleted during the pass")
+            except CorruptDataError as exc:
+                if stream is not None:
+                    raise
+                # Kafka's cleaner marks such a partition uncleanable and goes on.
+                report.skipped.append(f"{name}: not compacted: {exc} (see disklesslog verify)")
         return report
 
     # -------------------------------------------------------------- writers

@@ -444,6 +444,34 @@ def test_the_compact_command(tmp_path: Path, capsys: pytest.CaptureFixture[str])
         assert _rows(log) == _model(before, _active_base(log))
 
 
+def test_damage_stops_the_pass_of_its_stream_only(tmp_path: Path) -> None:
+    """A corrupt closed segment is never rewritten: compacting that stream by name
+    raises, compacting every stream reports it and goes on with the others."""
+    before = _compacted(tmp_path, seed=37)
+    with _open(tmp_path) as log:
+        log.create_stream("other", **CONFIG).append_batch([b"x" * 2000] * 3, keys=[b"k"] * 3)
+        log.stream("other").append(b"y", key=b"k")
+        damaged = _stream_dir(tmp_path) / segment_name(_segments(log)[1][0], ".log")
+    with damaged.open("r+b") as f:
+        f.seek(100)
+        byte = f.read(1)
+        f.seek(100)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    with _open(tmp_path) as log:
+        with pytest.raises(CorruptDataError):
+            log.compact("s", now_ms=NOW)
+        report = log.compact(now_ms=NOW)
+        assert [line.split(":")[0] for line in report.skipped] == ["s"], report.skipped
+        assert "not compacted: corrupt data in" in report.skipped[0]
+        assert report.actions and report.actions[0].startswith("other: ")
+    _assert_tidy(tmp_path)
+    with _open(tmp_path) as log:  # the damage is where it was, for reads to report
+        with pytest.raises(CorruptDataError, match=damaged.name):
+            list(log.stream("s").read())
+        tail = [r.offset for r in log.stream("s").read(_active_base(log))]
+        assert tail == [row[0] for row in before if row[0] >= _active_base(log)]
+
+
 def test_bad_requests_raise_typed_errors(tmp_path: Path) -> None:
     with _open(tmp_path) as log:
         with pytest.raises(InvalidStreamName):
