@@ -476,9 +476,16 @@ class AbstractLog(ABC):
 
         self._check_open()
         report = MaintenanceReport("maintain", dry_run=dry_run)
+        retention = self.apply_retention(stream, dry_run=dry_run, progress=progress, now_ms=now_ms)
+        config = None if stream is None else self.stream(stream).config
+        if config is None or config.compacted:
+            compaction = self.compact(stream, dry_run=dry_run, progress=progress, now_ms=now_ms)
+        else:  # compact() refuses a named stream it does not apply to; maintain skips it
+            compaction = MaintenanceReport("compaction", dry_run=dry_run)
+            compaction.skipped.append(f"{stream}: cleanup_policy={config.cleanup_policy!r}")
         steps: list[MaintenanceReport] = [
-            self.apply_retention(stream, dry_run=dry_run, progress=progress, now_ms=now_ms),
-            self.compact(stream, dry_run=dry_run, progress=progress, now_ms=now_ms),
+            retention,
+            compaction,
             self.merge(stream, dry_run=dry_run, progress=progress),
             self.tier(stream, dry_run=dry_run, progress=progress, now_ms=now_ms),
             self.collect_garbage(dry_run=dry_run, progress=progress, grace_seconds=grace_seconds),

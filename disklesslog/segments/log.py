@@ -49,12 +49,14 @@ from ..errors import (
     StreamNotFound,
 )
 from ..format import EncodedBatch, encode_batch_borrowed, encode_record
-from ..maintenance.report import MaintenanceReport
+from ..maintenance.compaction import DEFAULT_MAX_KEYS
+from ..maintenance.report import MaintenanceReport, Progress
 from ..maintenance.retention import Unit
 from ..metrics import Metrics
 from ..records import RecordBatch
 from ..writer import Writer
 from . import groups, reader
+from .compactor import compact_stream
 from .layout import (
     CONFIG,
     LOG_SUFFIX,
@@ -67,6 +69,7 @@ from .layout import (
     fsync_directory,
     segment_name,
 )
+from .segment import SegmentReplaced
 from .store import FSYNC_POLICIES, StreamGone, StreamStore
 
 __all__ = ["SegmentLog", "SegmentStream"]
@@ -80,7 +83,12 @@ DEFAULT_MAX_BUFFER_BYTES = 8 << 20
 
 
 class SegmentLog(AbstractLog):
-    """A log of streams stored as segment files in a local directory."""
+    """A log of streams stored as segment files in a local directory.
+
+    ``cleaner_max_keys`` bounds the keys one compaction pass maps (Kafka's dedupe
+    buffer, counted in keys): a stream with more keys in its dirty segments is
+    compacted over several passes.
+    """
 
     def __init__(
         self,
@@ -90,6 +98,7 @@ class SegmentLog(AbstractLog):
         fsync: str = "interval",
         fsync_interval_ms: int = 1000,
         create: bool = True,
+        cleaner_max_keys: int = DEFAULT_MAX_KEYS,
         **stream_defaults: Any,
     ) -> None:
         root = Path(path).absolute()
@@ -98,6 +107,9 @@ class SegmentLog(AbstractLog):
             raise ConfigError(f"fsync={fsync!r} is unknown; choose one of {list(FSYNC_POLICIES)}")
         if type(fsync_interval_ms) is not int or not 1 <= fsync_interval_ms <= 3_600_000:
             raise ConfigError("fsync_interval_ms must be an int in 1..3600000")
+        if type(cleaner_max_keys) is not int or cleaner_max_keys < 1:
+            raise ConfigError(f"cleaner_max_keys must be a positive int, not {cleaner_max_keys!r}")
+        self._cleaner_max_keys = cleaner_max_keys
         self._defaults = StreamConfig.from_dict(stream_defaults)
         check_log_directory(root, create=create)
         clean_staging(root)
@@ -205,6 +217,65 @@ class SegmentLog(AbstractLog):
         """The offsets ``group`` committed, by stream (``{}`` for a new group)."""
         self._check_open()
         return groups.committed_offsets(self.path, validate_group_name(group))
+
+    # ---------------------------------------------------------- maintenance
+
+    def compact(
+        self,
+        stream: str | None = None,
+        *,
+        dry_run: bool = False,
+        progress: Progress | None = None,
+        now_ms: int | None = None,
+        force: bool = False,
+    ) -> MaintenanceReport:
+        """Key compaction of the closed segments of compacted streams (``stream``, or
+        every stream whose ``cleanup_policy`` includes ``compact``): one cleaner pass
+        each (:mod:`disklesslog.segments.compactor`), safe alongside appends, reads,
+        trims and compactions in other processes. Damaged data stops the pass of its
+        stream: :class:`CorruptDataError` for a named stream, a skipped line otherwise."""
+        self._check_open()
+        report = MaintenanceReport("compaction", dry_run=dry_run)
+        now = int(time.time() * 1000) if now_ms is None else now_ms
+        if stream is not None:
+            config = self._read_config(validate_stream_name(stream))
+            if not config.compacted:
+                raise ConfigError(
+                    f"stream {stream!r} has cleanup_policy={config.cleanup_policy!r}, so it "
+                    "is not compacted: only streams created with cleanup_policy='compact' "
+                    "or 'compact,delete' are (compact() without a stream skips the others)"
+                )
+        names = [stream] if stream is not None else self.streams()
+        for name in names:
+            try:
+                config = self._read_config(name)
+            except StreamNotFound:
+                if stream is not None:
+                    raise
+                continue  # deleted since it was listed
+            if not config.compacted:
+                continue
+            report.streams += 1
+            compact = functools.partial(
+                compact_stream,
+                now_ms=now,
+                force=force,
+                dry_run=dry_run,
+                progress=progress,
+                max_keys=self._cleaner_max_keys,
+            )
+            try:
+                report.merge(self._with_store(name, compact, create=False))
+            except StreamNotFound:
+                if stream is not None:
+                    raise
+                report.skipped.append(f"{name}: deleted during the pass")
+            except CorruptDataError as exc:
+                if stream is not None:
+                    raise
+                # Kafka's cleaner marks such a partition uncleanable and goes on.
+                report.skipped.append(f"{name}: not compacted: {exc} (see disklesslog verify)")
+        return report
 
     # -------------------------------------------------------------- writers
 
@@ -468,13 +539,20 @@ class SegmentStream(Stream):
     def _retention_units(self) -> tuple[list[Unit], int]:
         def units(store: StreamStore) -> tuple[list[Unit], int]:
             snap = store.snapshot()
-            found = []
-            for seg, size in snap.segments[:-1]:
-                if seg.end_offset <= snap.start_offset:
-                    continue
-                seg.ensure_indexes(store.config.max_batch_bytes)
-                found.append(Unit(seg.base, seg.end_offset, size, seg.max_timestamp))
-            return found, snap.segments[-1][1]
+            for _ in range(_GONE_RETRIES):
+                try:
+                    found = []
+                    for seg, size in snap.segments[:-1]:
+                        if seg.end_offset > snap.start_offset:
+                            store.ensure_indexes(seg)
+                            found.append(Unit(seg.base, seg.end_offset, size, seg.max_timestamp))
+                    return found, snap.segments[-1][1]
+                except (SegmentReplaced, FileNotFoundError):
+                    snap = store.snapshot(fresh=True)  # compaction replaced a segment
+            raise CorruptDataError(
+                "segment files keep changing while retention reads them",
+                source=str(store.directory),
+            )
 
         return self._log._with_store(self._name, units, create=False)
 
