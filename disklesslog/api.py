@@ -339,6 +339,13 @@ class AbstractLog(ABC):
         """Names of all streams, sorted."""
 
     @abstractmethod
+    def alter_stream(self, name: str, **changes: Any) -> StreamConfig:
+        """Change maintenance settings of an existing stream (``retention_ms``,
+        ``retention_bytes``, ``delete_retention_ms``, ``min_cleanable_dirty_ratio``,
+        ``local_retention_ms``, ``local_retention_bytes``) and return its new config.
+        Other settings are fixed at creation (ConfigError names them)."""
+
+    @abstractmethod
     def delete_stream(self, name: str) -> None:
         """Delete a stream and all its records."""
 

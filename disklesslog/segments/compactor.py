@@ -92,16 +92,19 @@ def compact_stream(
     dry_run: bool,
     progress: Progress | None,
     max_keys: int,
+    config: StreamConfig | None = None,
 ) -> MaintenanceReport:
     """One cleaner pass over ``store``'s stream (see the module docstring). Returns
-    what it did, or with ``dry_run`` what it would do (then it writes nothing)."""
+    what it did, or with ``dry_run`` what it would do (then it writes nothing).
+    ``config`` is the stream's current config (``Log.alter_stream`` may have changed
+    its maintenance settings since ``store`` was opened)."""
     name, directory = store.name, store.directory
     try:
         with swap.cleaner_lock(directory, create=not dry_run) as mine:
             if not mine:
                 return _skipped(name, dry_run, "another process is compacting it")
             store.recover_swap()
-            cleaner = _Pass(store, now_ms, dry_run, progress, max_keys)
+            cleaner = _Pass(store, config or store.config, now_ms, dry_run, progress, max_keys)
             try:
                 return cleaner.run(force)
             except _Changed:
@@ -131,16 +134,17 @@ class _Pass:
     def __init__(
         self,
         store: StreamStore,
+        config: StreamConfig,
         now_ms: int,
         dry_run: bool,
         progress: Progress | None,
         max_keys: int,
     ) -> None:
         self.store = store
-        self.config = store.config
+        self.config = config
         self.name = store.name
         self.directory = store.directory
-        self.cutoff = horizon(store.config, now_ms)
+        self.cutoff = horizon(config, now_ms)
         self.dry_run = dry_run
         self.progress = progress
         self.max_keys = max_keys

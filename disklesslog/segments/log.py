@@ -263,6 +263,7 @@ class SegmentLog(AbstractLog):
                 dry_run=dry_run,
                 progress=progress,
                 max_keys=self._cleaner_max_keys,
+                config=config,
             )
             try:
                 report.merge(self._with_store(name, compact, create=False))
@@ -345,6 +346,43 @@ class SegmentLog(AbstractLog):
         except ConfigError as exc:
             raise CorruptDataError(f"invalid stream config: {exc}", source=str(path)) from None
 
+    def alter_stream(self, name: str, **changes: Any) -> StreamConfig:
+        """Change maintenance settings of ``name`` (see :data:`~disklesslog.config.ALTERABLE`):
+        ``stream.json`` is replaced atomically under the stream's lock, and maintenance
+        in every process reads it afresh."""
+        self._check_open()
+        validate_stream_name(name)
+
+        def alter(store: StreamStore) -> StreamConfig:
+            with store.locked():
+                new = self._read_config(name).altered(**changes)
+                self._write_config(self._stream_dir(name), new, replace=True)
+            return new
+
+        return self._with_store(name, alter, create=False)
+
+    def _write_config(self, directory: Path, config: StreamConfig, *, replace: bool) -> None:
+        """Write ``stream.json`` (through a temporary file and a rename when it replaces
+        one, so readers see the old or the new file, never a torn one)."""
+        text = json.dumps({"version": _CONFIG_VERSION, "config": config.to_dict()}, indent=1)
+        target = directory / CONFIG
+        if not replace:
+            target.write_text(text)
+            return
+        draft = directory / f"{CONFIG}.{uuid.uuid4().hex}.tmp"
+        try:
+            with open(draft, "w") as f:
+                f.write(text)
+                if self._fsync != "never":
+                    f.flush()
+                    os.fsync(f.fileno())
+            os.replace(draft, target)
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(draft)
+        if self._fsync != "never":
+            fsync_directory(directory)
+
     def _create_directory(self, name: str, config: StreamConfig) -> None:
         """Create a stream atomically: build it in ``tmp/`` and rename it into place.
 
@@ -354,9 +392,7 @@ class SegmentLog(AbstractLog):
         staging = self.path / TMP / f"create-{uuid.uuid4().hex}"
         staging.mkdir()
         try:
-            (staging / CONFIG).write_text(
-                json.dumps({"version": _CONFIG_VERSION, "config": config.to_dict()}, indent=1)
-            )
+            self._write_config(staging, config, replace=False)
             (staging / STATE).write_bytes(StreamState().encode())
             (staging / segment_name(0, LOG_SUFFIX)).touch()
             if self._fsync != "never":
@@ -529,7 +565,7 @@ class SegmentStream(Stream):
                 name=self._name,
                 start_offset=snap.start_offset,
                 end_offset=snap.end_offset,
-                config=store.config,
+                config=self._log._read_config(self._name),  # maintenance settings may change
                 size_bytes=sum(size for _, size in snap.segments),
                 details={"segments": segments, "directory": str(store.directory)},
             )

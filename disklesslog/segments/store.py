@@ -124,6 +124,13 @@ class StreamStore:
     # --------------------------------------------------------------- helpers
 
     @contextlib.contextmanager
+    def locked(self) -> Iterator[None]:
+        """Hold this stream's lock (this process's mutex and the file lock), for a change
+        that appends, trims and compactions in any process must not interleave with."""
+        with self._mutex, self._locked():
+            yield
+
+    @contextlib.contextmanager
     def _locked(self) -> Iterator[None]:
         fcntl.flock(self._lock_fd, fcntl.LOCK_EX)
         try:
