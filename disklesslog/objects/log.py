@@ -31,6 +31,7 @@ from ..errors import (
     StreamExistsError,
     StreamNotFound,
 )
+from ..maintenance.report import MaintenanceReport, Progress
 from ..maintenance.retention import Unit
 from ..markers import MARKER, check_marker, marker_bytes
 from ..metrics import Metrics
@@ -234,6 +235,70 @@ class ObjectLog(AbstractLog):
         """Insert an object this process just wrote into the cache (the hottest data)."""
         if self._cache is not None:
             self._cache.put_object(f"{self.storage.url}/{key}", data)
+
+    # ------------------------------------------------------------ maintenance
+
+    def compact(
+        self,
+        stream: str | None = None,
+        *,
+        dry_run: bool = False,
+        progress: Progress | None = None,
+        now_ms: int | None = None,
+        force: bool = False,
+    ) -> MaintenanceReport:
+        """Key compaction (:mod:`disklesslog.objects.compact`): per compacted stream, the
+        batches below the active tail (the last ``segment_bytes``, or younger than
+        ``segment_ms``) are rewritten into ``….compacted`` objects holding the latest
+        record per key, swapped in atomically; offsets never change."""
+        from .compact import compact  # noqa: PLC0415 - maintenance is loaded on use
+
+        self._check_open()
+        return compact(self, stream, dry_run=dry_run, progress=progress, now_ms=now_ms, force=force)
+
+    def merge(
+        self,
+        stream: str | None = None,
+        *,
+        dry_run: bool = False,
+        progress: Progress | None = None,
+        target_bytes: int | None = None,
+        now_ms: int | None = None,
+    ) -> MaintenanceReport:
+        """Merging (:mod:`disklesslog.objects.merge`): a stream's batches in WAL objects
+        are copied byte for byte into ``….merged`` objects of about ``target_bytes``
+        (64 MiB), swapped in atomically, so its reads touch few large objects. A run
+        smaller than a quarter of that waits until its oldest object is 10 minutes old
+        (by ``now_ms``, default the clock)."""
+        from .merge import merge  # noqa: PLC0415 - maintenance is loaded on use
+
+        self._check_open()
+        return merge(
+            self,
+            stream,
+            dry_run=dry_run,
+            progress=progress,
+            target_bytes=target_bytes,
+            now_ms=now_ms,
+        )
+
+    def collect_garbage(
+        self,
+        *,
+        dry_run: bool = False,
+        progress: Progress | None = None,
+        grace_seconds: float | None = None,
+    ) -> MaintenanceReport:
+        """Garbage collection (:mod:`disklesslog.objects.gc`): deletes objects that have
+        held no live batch for ``grace_seconds`` (default 300), then objects in storage
+        the sequencer never knew (uploads whose commit never came) once they are older
+        than that and at least 5 minutes old."""
+        from .gc import collect_garbage  # noqa: PLC0415 - maintenance is loaded on use
+
+        self._check_open()
+        return collect_garbage(
+            self, dry_run=dry_run, progress=progress, grace_seconds=grace_seconds
+        )
 
     # -------------------------------------------------------- consumer groups
 
