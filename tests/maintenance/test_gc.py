@@ -13,7 +13,7 @@ import pytest
 from object_support import as_objects, referenced, rows, stored, write
 
 import disklesslog
-from disklesslog import ConfigError
+from disklesslog import ConfigError, DataLossError
 from disklesslog.format import encode_batch
 from disklesslog.objects import gc as gc_module
 from disklesslog.objects.storage import ObjectStorage
@@ -136,3 +136,24 @@ def test_maintain_compacts_merges_and_collects(object_maintenance_factory) -> No
     kept = rows(log, "s")
     assert {key for _, _, key, _ in kept} == {b"k%d" % i for i in range(5)}
     assert all(value == b"v%04d" % offset + b"x" * 100 for offset, _, _, value in kept)
+
+
+def test_a_read_holding_collected_locations_finds_the_new_ones(object_maintenance_factory) -> None:  # type: ignore[no-untyped-def]
+    """A read fixed its locations (the WAL objects), then merging moved the batches and
+    garbage collection deleted those objects: the read asks the sequencer again and goes
+    on from the merged object. An object deleted while still referenced is data loss."""
+    log = object_maintenance_factory(cache=None)
+    for f in range(10):
+        write(log, "a", [(b"k", b"a%d" % f, 1_000 + f)], per_batch=1)
+    expected = rows(log, "a")
+    records = log.stream("a").read()
+    first = next(records)  # the first page of locations is fixed now
+    log.merge(now_ms=LATER)
+    assert log.collect_garbage(grace_seconds=0).objects_deleted == 10
+    rest = [(r.offset, r.timestamp, r.key, r.value) for r in records]
+    assert [(first.offset, first.timestamp, first.key, first.value), *rest] == expected
+    assert log.metrics()["stale_locations"] == 1
+    objects = as_objects(log)
+    objects.storage.delete([next(objects.live_batches("a")).object_key])  # by hand
+    with pytest.raises(DataLossError, match="still references"):
+        list(log.stream("a").read())
