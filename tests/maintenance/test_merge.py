@@ -14,6 +14,7 @@ from object_support import as_objects, objects_per_stream, rows, write
 import disklesslog
 from disklesslog import ConfigError, CorruptDataError, InvalidStreamName, StreamNotFound
 from disklesslog.objects import merge as merge_module
+from disklesslog.objects import rewrite as rewrite_module
 from disklesslog.objects.merge import plan_pieces
 from disklesslog.objects.storage import COMPACTED, MERGED, WAL, ObjectStorage, key_kind
 from disklesslog.sequencers.base import BatchLocation
@@ -226,3 +227,20 @@ def test_dry_run_progress_and_bad_input(object_maintenance_factory) -> None:  # 
     for bad in (10, 1.5, True, -1):
         with pytest.raises(ConfigError, match="target_bytes"):
             log.merge(target_bytes=bad)
+
+
+def test_an_upload_that_waited_too_long_is_not_swapped_in(
+    object_maintenance_factory, monkeypatch
+) -> None:  # type: ignore[no-untyped-def]
+    """Garbage collection may take an object the sequencer does not know once it is old
+    enough, so a result whose upload is older than UPLOAD_MAX_AGE when its swap comes is
+    discarded as an orphan rather than referenced (here every upload counts as too old)."""
+    monkeypatch.setattr(rewrite_module, "UPLOAD_MAX_AGE", -1.0)
+    log = object_maintenance_factory()
+    _fill(log, flushes=5)
+    before = {s: _coordinates(log, s) for s in ("a", "b", "c")}
+    report = log.merge(now_ms=LATER)
+    assert not report.changed and report.objects_written == 3
+    assert {s: _coordinates(log, s) for s in ("a", "b", "c")} == before
+    orphans = as_objects(log).sequencer.objects_to_delete(0)
+    assert sorted(key_kind(key) for key in orphans) == [MERGED] * 3
