@@ -108,7 +108,12 @@ def compact(
         if not config.compacted:
             continue
         report.streams += 1
-        _Pass(object_log, name, config, report, meter, now, dry_run, max_keys).run(force)
+        try:
+            _Pass(object_log, name, config, report, meter, now, dry_run, max_keys).run(force)
+        except StreamNotFound:
+            if stream is not None:
+                raise
+            report.skipped.append(f"{name}: deleted during the pass")
     meter.finish()
     return report
 
@@ -321,15 +326,15 @@ class _Pass:
         before = sum(m.location.size for m in run)
         after = sum(batch.size for batch in encoded)
         olds = [m.location for m in run]
+        if encoded:  # an object is (or in a dry run would be) written even if the swap fails
+            self.report.add(objects_written=1, bytes_written=after)
         if not self.dry_run:
             uploaded: tuple[str, float] | None = None
             news: list[BatchLocation] = []
             if encoded:
                 parts = [part for batch in encoded for part in (batch.header, bytes(batch.body))]
-                key, size, uploaded_at = upload(self.log, COMPACTED, parts)
+                key, _, uploaded_at = upload(self.log, COMPACTED, parts)
                 uploaded = (key, uploaded_at)
-                self.report.add(objects_written=1, bytes_written=size)
-                self.objects_written += 1
                 position = 0
                 for piece, batch in zip(pieces, encoded):
                     news.append(
@@ -351,6 +356,7 @@ class _Pass:
                 )
                 return False
         self.runs += 1
+        self.objects_written += bool(encoded)
         self.records_removed += removed
         self.bytes_before += before
         self.bytes_after += after

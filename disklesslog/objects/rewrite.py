@@ -141,12 +141,15 @@ class SourceReader:
 
 def replaced_meanwhile(object_log: ObjectLog, stream: str, reader: SourceReader) -> bool:
     """After a DataLossError while ``reader`` read ``stream``: whether the missing object
-    no longer holds a live batch of the stream (a rewrite elsewhere replaced them and
-    garbage collection deleted it: the caller's snapshot was stale, run again). If the
-    sequencer still references it, the data is lost and the caller raises."""
+    no longer holds a live batch of the stream (a rewrite elsewhere replaced them, or the
+    stream was deleted, and garbage collection deleted it: the caller's snapshot was
+    stale). If the sequencer still references it, the data is lost and the caller raises."""
     if reader.missing is None:
         return False
-    live = {b.object_key for b in live_snapshot(object_log, stream)}
+    try:
+        live = {b.object_key for b in live_snapshot(object_log, stream)}
+    except StreamNotFound:
+        return True  # deleted with its stream
     return reader.missing not in live
 
 

@@ -244,3 +244,28 @@ def test_an_upload_that_waited_too_long_is_not_swapped_in(
     assert {s: _coordinates(log, s) for s in ("a", "b", "c")} == before
     orphans = as_objects(log).sequencer.objects_to_delete(0)
     assert sorted(key_kind(key) for key in orphans) == [MERGED] * 3
+
+
+def test_a_stream_deleted_during_a_merge_is_skipped(
+    object_maintenance_factory, monkeypatch
+) -> None:  # type: ignore[no-untyped-def]
+    log = object_maintenance_factory()
+    _fill(log, flushes=4)
+    real_raw = merge_module.SourceReader.raw
+    of_b = {b.batch_id for b in as_objects(log).live_batches("b")}
+
+    def delete_then_read(reader, locations):  # type: ignore[no-untyped-def]
+        if locations[0].batch_id in of_b and "b" in log.streams():
+            log.delete_stream("b")  # deleted between the listing and the copy
+            as_objects(log).collect_garbage(grace_seconds=0)  # and its objects collected
+        return real_raw(reader, locations)
+
+    monkeypatch.setattr(merge_module.SourceReader, "raw", delete_then_read)
+    report = log.merge(now_ms=LATER)
+    assert log.streams() == ["a", "c"] and report.objects_written >= 2
+    assert any(line.startswith("b: ") for line in report.skipped)
+    assert all(
+        key_kind(b.object_key) == MERGED
+        for s in ("a", "c")
+        for b in as_objects(log).live_batches(s)
+    )
