@@ -89,7 +89,7 @@ def compact(
     report = MaintenanceReport("compaction", dry_run=dry_run)
     now = int(time.time() * 1000) if now_ms is None else now_ms
     if stream is not None:
-        config = _config(object_log, validate_stream_name(stream))
+        config = object_log._current_config(validate_stream_name(stream))
         if not config.compacted:
             raise ConfigError(
                 f"stream {stream!r} has cleanup_policy={config.cleanup_policy!r}, so it is "
@@ -102,7 +102,7 @@ def compact(
     meter = _Meter(progress)
     for name in names:
         try:
-            config = _config(object_log, name)
+            config = object_log._current_config(name)
         except StreamNotFound:
             continue  # deleted since it was listed
         if not config.compacted:
@@ -130,13 +130,6 @@ def cleanable_count(batches: list[BatchLocation], config: StreamConfig, now_ms: 
             break
         count += 1
     return count
-
-
-def _config(object_log: ObjectLog, name: str) -> StreamConfig:
-    config = object_log._stream_config(name, create=False)
-    if config is None:
-        raise StreamNotFound(f"stream {name!r} does not exist")
-    return config
 
 
 @dataclass
@@ -352,7 +345,8 @@ class _Pass:
             if not swap(self.log, self.name, olds, news, uploaded):
                 self.report.skipped.append(
                     f"{self.name}: offsets {start:,}..{end - 1:,} changed during the pass (a "
-                    "retention trim or another maintainer); the rest waits for the next run"
+                    "retention trim or another maintainer; or the sequencer was too busy); "
+                    "the rest waits for the next run"
                 )
                 return False
         self.runs += 1

@@ -33,7 +33,7 @@ import math
 import time
 from typing import TYPE_CHECKING
 
-from ..errors import ConfigError
+from ..errors import ConfigError, SequencerConflict
 from ..maintenance.report import MaintenanceReport, Progress
 from .storage import key_time_ns
 from .writer import UPLOAD_MAX_AGE
@@ -89,13 +89,22 @@ def collect_garbage(
     done = 0
     if progress is not None:
         progress("gc", done, total)
+    unforgotten = 0
     for start in range(0, len(garbage), _DELETE_CHUNK):
         chunk = garbage[start : start + _DELETE_CHUNK]
         done += _delete(object_log, chunk, stored, report, dry_run)
         if not dry_run:
-            sequencer.forget_objects(chunk)
+            try:
+                sequencer.forget_objects(chunk)
+            except SequencerConflict:  # nothing applied; the next collection forgets them
+                unforgotten += len(chunk)
         if progress is not None:
             progress("gc", done, total)
+    if unforgotten:
+        report.skipped.append(
+            f"{unforgotten:,} deleted object(s) not yet forgotten by the sequencer (too busy); "
+            "the next collection does it"
+        )
     for start in range(0, len(unknown), _DELETE_CHUNK):
         done += _delete(object_log, unknown[start : start + _DELETE_CHUNK], stored, report, dry_run)
         if progress is not None:

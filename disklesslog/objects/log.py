@@ -28,6 +28,7 @@ from ..config import StreamConfig
 from ..errors import (
     ConfigError,
     InvalidURL,
+    OffsetOutOfRange,
     StreamExistsError,
     StreamNotFound,
 )
@@ -146,6 +147,15 @@ class ObjectLog(AbstractLog):
             self._configs[name] = config
         return config
 
+    def _current_config(self, name: str) -> StreamConfig:
+        """A stream's config as the sequencer has it now (StreamNotFound if it does not
+        exist): for decisions that must not act on a stream deleted and created again
+        with other settings by another process since this one cached its config."""
+        config = StreamConfig.from_dict(self.sequencer.stream_info(name).config)
+        with self._lock:
+            self._configs[name] = config
+        return config
+
     def _ensure_stream(self, name: str, config: StreamConfig | None) -> None:
         """Create ``name`` (with ``config`` or the defaults) unless it exists."""
         meta = self.sequencer.create_stream(name, (config or self._defaults).to_dict())
@@ -205,12 +215,23 @@ class ObjectLog(AbstractLog):
     def live_batches(self, stream: str, start: int | None = None) -> Iterator[BatchLocation]:
         """The live batches of ``stream`` in offset order, from the one holding ``start``
         (default: the start offset), page by page from the sequencer, up to the end
-        offset of the first page (a snapshot)."""
+        offset of the first page (a snapshot).
+
+        Without ``start`` the listing follows the start offset: if a trim (retention in
+        another process) moves it past the next page, the listing goes on from the new
+        start offset, since the batches below it are no longer live. With ``start``, such
+        a trim raises OffsetOutOfRange as a read would."""
         sequencer = self.sequencer
         offset = sequencer.stream_info(stream).start_offset if start is None else start
         end: int | None = None
         while end is None or offset < end:
-            page = sequencer.find_batches(stream, offset, 64 << 20)
+            try:
+                page = sequencer.find_batches(stream, offset, 64 << 20)
+            except OffsetOutOfRange as exc:
+                if start is not None or exc.start_offset <= offset:
+                    raise
+                offset = exc.start_offset
+                continue
             end = page.end_offset if end is None else end
             if not page.batches:
                 return
@@ -403,12 +424,19 @@ class ObjectStream(Stream):
         check_offset(before_offset, "before_offset")
         self._log.sequencer.trim(self._name, before_offset)
 
+    @property
+    def config(self) -> StreamConfig:
+        """The stream's settings, from the sequencer, without listing its batches as
+        :meth:`info` does."""
+        self._log._check_open()
+        return self._log._current_config(self._name)
+
     def info(self) -> StreamInfo:
         self._log._check_open()
         meta = self._log.sequencer.stream_info(self._name)
         size = 0
         seen: set[str] = set()
-        for location in self._log.live_batches(self._name, meta.start_offset):
+        for location in self._log.live_batches(self._name):  # follows a moving start
             size += location.size
             seen.add(location.object_key)
         objects = len(seen)

@@ -81,12 +81,10 @@ def merge(
     done = total = 0
     for name in names:
         try:
-            config = object_log._stream_config(name, create=False)
-            batches = live_snapshot(object_log, name) if config is not None else []
+            config = object_log._current_config(name)
+            batches = live_snapshot(object_log, name)
         except StreamNotFound:
             continue  # deleted since it was listed
-        if config is None:
-            continue
         report.streams += 1
         pieces, waiting = plan_pieces(batches, target, now)
         total += sum(b.size for piece in pieces for b in piece)
@@ -107,7 +105,7 @@ def merge(
                     report.skipped.append(
                         f"{name}: offsets {piece[0].base_offset:,}..{piece[-1].last_offset:,} "
                         "changed while merging (a retention trim, compaction or another "
-                        "maintainer); they wait for the next run"
+                        "maintainer; or the sequencer was too busy); they wait for the next run"
                     )
                     continue
                 merged.append(len(piece))

@@ -27,7 +27,7 @@ import time
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING
 
-from ..errors import CorruptDataError, DataLossError, OffsetOutOfRange, StreamNotFound
+from ..errors import CorruptDataError, DataLossError, SequencerConflict, StreamNotFound
 from ..format import check_batch, decode_batch
 from ..records import RecordBatch
 from ..sequencers.base import BatchLocation
@@ -52,20 +52,12 @@ log = logging.getLogger("disklesslog")
 MAX_RANGE_BYTES = 16 << 20
 """Largest ranged GET a rewrite makes: neighbouring batches of one object are fetched
 together up to this size, which also bounds the bytes held per fetch."""
-_SNAPSHOT_ATTEMPTS = 5
 
 
 def live_snapshot(object_log: ObjectLog, stream: str) -> list[BatchLocation]:
-    """The live batches of ``stream`` from its start offset, in offset order. A
-    retention trim moving the start offset while the pages are read makes the listing
-    start over (a few times; then the error is raised)."""
-    for attempt in range(1, _SNAPSHOT_ATTEMPTS + 1):
-        try:
-            return list(object_log.live_batches(stream))
-        except OffsetOutOfRange:
-            if attempt == _SNAPSHOT_ATTEMPTS:
-                raise
-    raise AssertionError("unreachable")
+    """The live batches of ``stream`` from its start offset, in offset order (a listing
+    that follows the start offset if retention moves it meanwhile)."""
+    return list(object_log.live_batches(stream))
 
 
 class SourceReader:
@@ -176,10 +168,11 @@ def swap(
 
     ``uploaded`` is ``(key, monotonic upload time)`` of the new object holding ``news``,
     ``None`` when nothing survived (the offsets become a gap). Returns whether the swap
-    applied; when it did not (a batch was no longer live, the stream was deleted, or
-    the upload is older than ``UPLOAD_MAX_AGE``), or its outcome is unknown (an
-    exception, re-raised), the new object is recorded as an orphan for garbage
-    collection. Recording an object the swap did store is a no-op, so that is safe.
+    applied; when it did not (a batch was no longer live, the stream was deleted, the
+    sequencer lost every race for its log and applied nothing, or the upload is older
+    than ``UPLOAD_MAX_AGE``), or its outcome is unknown (an exception, re-raised), the
+    new object is recorded as an orphan for garbage collection. Recording an object the
+    swap did store is a no-op, so that is safe.
     """
     if uploaded is not None and time.monotonic() - uploaded[1] > UPLOAD_MAX_AGE:
         _orphan(object_log, uploaded[0])
@@ -188,7 +181,7 @@ def swap(
         applied = object_log.sequencer.replace_batches(
             stream, [b.batch_id for b in olds], list(news)
         )
-    except StreamNotFound:
+    except (StreamNotFound, SequencerConflict):  # deleted; or too busy: nothing applied
         applied = False
     except BaseException:
         if uploaded is not None:
