@@ -1,7 +1,8 @@
 """Object-log maintenance across processes (multiprocessing spawn), on file:// with the
-object-store sequencer: writers, readers and maintainers (compaction, merging,
-retention, garbage collection with a short grace) at once; and maintainers killed with
-SIGKILL at random points, each time finished by the next run.
+object-store sequencer (and, under ``-m slow``, PostgreSQL): writers, readers and
+maintainers (compaction, merging, retention, garbage collection with a short grace) at
+once; and maintainers killed with SIGKILL at random points, each time finished by the
+next run.
 
 What must hold: no reader ever fails or sees a wrong record; every acknowledged record
 is there unless retention or compaction was meant to drop it (compaction keeps each
@@ -16,6 +17,7 @@ import os
 import random
 import signal
 import time
+import uuid
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
@@ -43,8 +45,8 @@ SEQUENCER = "objectstore://"
 GRACE = 0.5  # seconds: far shorter than any real deployment's, to delete while reads run
 
 
-def _open(path: Path) -> disklesslog.Log:
-    return disklesslog.open(f"file://{path}/log", backend="objects", sequencer=SEQUENCER)
+def _open(path: Path, sequencer: str = SEQUENCER) -> disklesslog.Log:
+    return disklesslog.open(f"file://{path}/log", backend="objects", sequencer=sequencer)
 
 
 def _create_streams(log: disklesslog.Log) -> None:
@@ -93,15 +95,15 @@ def _collect_everything(log: disklesslog.Log) -> None:
     assert stored(log) == referenced(log), "leftovers were not collected"
 
 
-def _run_together(tmp_path: Path, seconds: float) -> None:
+def _run_together(tmp_path: Path, seconds: float, sequencer: str = SEQUENCER) -> None:
     url = f"file://{tmp_path}/log"
-    with _open(tmp_path) as log:
+    with _open(tmp_path, sequencer) as log:
         _create_streams(log)
     with ProcessPoolExecutor(5, mp_context=SPAWN) as pool:
-        writers = [pool.submit(write_for, url, SEQUENCER, w, seconds) for w in range(2)]
-        reader = pool.submit(read_for, url, SEQUENCER, seconds + 1)
+        writers = [pool.submit(write_for, url, sequencer, w, seconds) for w in range(2)]
+        reader = pool.submit(read_for, url, sequencer, seconds + 1)
         maintainers = [
-            pool.submit(maintain_for, url, SEQUENCER, seconds + 1, GRACE) for _ in range(2)
+            pool.submit(maintain_for, url, sequencer, seconds + 1, GRACE) for _ in range(2)
         ]
         acked = [entry for w in writers for entry in w.result(timeout=300)]
         reads, problems = reader.result(timeout=300)
@@ -113,7 +115,7 @@ def _run_together(tmp_path: Path, seconds: float) -> None:
     assert reads > 0 and len(acked) > 300
     assert totals["passes"] >= 2 and totals["objects_written"] > 0, totals
     assert totals["records_removed"] > 0 and totals["objects_deleted"] > 0, totals
-    with _open(tmp_path) as log:
+    with _open(tmp_path, sequencer) as log:
         _check(log, acked)
         _referenced_objects_exist(log)
         maintain(log, 0)
@@ -129,6 +131,20 @@ def test_writers_readers_and_maintainers_in_processes(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_writers_readers_and_maintainers_in_processes_for_longer(tmp_path: Path) -> None:
     _run_together(tmp_path, seconds=40)
+
+
+@pytest.mark.slow
+@pytest.mark.postgres
+def test_writers_readers_and_maintainers_sequenced_by_postgres(
+    tmp_path: Path, postgres_server: str
+) -> None:
+    from disklesslog.servers.postgres import drop_schema
+
+    schema = f"t_{uuid.uuid4().hex}"
+    try:
+        _run_together(tmp_path, seconds=20, sequencer=f"{postgres_server}?schema={schema}")
+    finally:
+        drop_schema(postgres_server, schema)
 
 
 def _kill_rounds(tmp_path: Path, rounds: int) -> None:
