@@ -44,9 +44,11 @@ from typing import TYPE_CHECKING
 from ..api import validate_stream_name
 from ..config import StreamConfig
 from ..errors import ConfigError, DataLossError, StreamNotFound
+from ..format import EncodedBatch
 from ..maintenance.compaction import (
     DEFAULT_MAX_KEYS,
     KeyMap,
+    Piece,
     dirty_ratio,
     encode_piece,
     horizon,
@@ -318,37 +320,15 @@ class _Pass:
         removed = sum(len(m.records) for m in run) - sum(len(p.records) for p in pieces)
         before = sum(m.location.size for m in run)
         after = sum(batch.size for batch in encoded)
-        olds = [m.location for m in run]
         if encoded:  # an object is (or in a dry run would be) written even if the swap fails
             self.report.add(objects_written=1, bytes_written=after)
-        if not self.dry_run:
-            uploaded: tuple[str, float] | None = None
-            news: list[BatchLocation] = []
-            if encoded:
-                parts = [part for batch in encoded for part in (batch.header, bytes(batch.body))]
-                key, _, uploaded_at = upload(self.log, COMPACTED, parts)
-                uploaded = (key, uploaded_at)
-                position = 0
-                for piece, batch in zip(pieces, encoded):
-                    news.append(
-                        BatchLocation(
-                            0,
-                            key,
-                            position,
-                            batch.size,
-                            piece.base,
-                            piece.end - 1,
-                            batch.max_timestamp,
-                        )
-                    )
-                    position += batch.size
-            if not swap(self.log, self.name, olds, news, uploaded):
-                self.report.skipped.append(
-                    f"{self.name}: offsets {start:,}..{end - 1:,} changed during the pass (a "
-                    "retention trim or another maintainer; or the sequencer was too busy); "
-                    "the rest waits for the next run"
-                )
-                return False
+        if not self.dry_run and not self._apply([m.location for m in run], pieces, encoded):
+            self.report.skipped.append(
+                f"{self.name}: offsets {start:,}..{end - 1:,} changed during the pass (a "
+                "retention trim or another maintainer; or the sequencer was too busy); "
+                "the rest waits for the next run"
+            )
+            return False
         self.runs += 1
         self.objects_written += bool(encoded)
         self.records_removed += removed
@@ -356,6 +336,26 @@ class _Pass:
         self.bytes_after += after
         self.report.add(records_removed=removed, bytes_removed=max(0, before - after))
         return True
+
+    def _apply(
+        self, olds: list[BatchLocation], pieces: list[Piece], encoded: list[EncodedBatch]
+    ) -> bool:
+        """Upload the rewritten batches as one compacted object (none if nothing
+        survived) and swap them in for ``olds``; whether the swap applied."""
+        if not encoded:
+            return swap(self.log, self.name, olds, [], None)
+        parts = [part for batch in encoded for part in (batch.header, bytes(batch.body))]
+        key, _, uploaded_at = upload(self.log, COMPACTED, parts)
+        news = []
+        position = 0
+        for piece, batch in zip(pieces, encoded):
+            news.append(
+                BatchLocation(
+                    0, key, position, batch.size, piece.base, piece.end - 1, batch.max_timestamp
+                )
+            )
+            position += batch.size
+        return swap(self.log, self.name, olds, news, (key, uploaded_at))
 
     def _summarise(self) -> None:
         if not self.runs:
