@@ -40,6 +40,7 @@ from itertools import cycle, islice
 from pathlib import Path
 from typing import Any
 
+import maintenance as maint
 import measured
 import objects as obj
 import peers
@@ -438,6 +439,7 @@ def all_groups(plan: Plan) -> list[Group]:
         *obj.object_groups(plan),
         seq.sequencer_group(plan),
         pipe.pipeline_group(plan),
+        *maint.maintenance_groups(plan),
     ]
 
 
@@ -539,6 +541,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{group.key:16} {group.title}")
         return 0
     wanted = args.only or ([args.profile] if args.profile else names)
+    if "maintenance" in wanted:
+        wanted = [w for w in wanted if w != "maintenance"] + list(maint.GROUP_KEYS)
     if "objects" in wanted:  # shorthand for the object-storage workloads
         wanted = [w for w in wanted if w != "objects"] + [
             *obj.GROUP_KEYS,

@@ -11,7 +11,9 @@ discarded as an orphan), like every rewrite (``objects/rewrite.py``).
 
 Batches are copied byte for byte (ranged reads, each batch checked against its checksum
 and its coordinates first): no decoding, no re-encoding, so a merge cannot change a
-record and costs little CPU.
+record and costs little CPU. Every stream's pieces are planned first and read together,
+sorted by object, in groups of up to ``MAX_HELD_BYTES``: a WAL object holds batches of
+many streams, and this way it costs one coalesced GET per group, not one per stream.
 
 **Policy (no churn).** Only batches in WAL objects are merged; batches in merged or
 compacted objects are never rewritten by merging, so every batch is merged at most once.
@@ -27,7 +29,8 @@ at the cost of a small merged object per ``MAX_WAIT_MS`` at most.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ..api import validate_stream_name
@@ -50,6 +53,9 @@ MIN_FRACTION = 4
 MAX_WAIT_MS = 10 * 60 * 1000
 """...and its oldest WAL object is younger than this."""
 MIN_TARGET_BYTES = 1024
+MAX_HELD_BYTES = 256 << 20
+"""Bytes of batches one pass over the WAL objects holds before writing merged objects:
+larger backlogs are merged in several passes (each WAL object read once per pass)."""
 
 
 def merge(
@@ -78,7 +84,7 @@ def merge(
         names = [stream]
     else:
         names = object_log.streams()
-    done = total = 0
+    planned: list[_Piece] = []
     for name in names:
         try:
             config = object_log._current_config(name)
@@ -87,42 +93,100 @@ def merge(
             continue  # deleted since it was listed
         report.streams += 1
         pieces, waiting = plan_pieces(batches, target, now)
-        total += sum(b.size for piece in pieces for b in piece)
+        planned += [_Piece(name, config.max_batch_bytes, piece) for piece in pieces]
         if waiting:
             report.skipped.append(
                 f"{name}: {len(waiting):,} WAL batch(es) ({sum(b.size for b in waiting):,} "
                 f"bytes) wait for {target // MIN_FRACTION:,} bytes or "
                 f"{MAX_WAIT_MS // 60_000} minutes"
             )
-        reader = SourceReader(object_log, config.max_batch_bytes)
-        merged: list[int] = []
-        try:
-            for piece in pieces:
-                if progress is not None:
-                    progress("merge", done, total)
-                done += sum(b.size for b in piece)
-                if not _merge_piece(object_log, name, piece, reader, report, dry_run):
-                    report.skipped.append(
-                        f"{name}: offsets {piece[0].base_offset:,}..{piece[-1].last_offset:,} "
-                        "changed while merging (a retention trim, compaction or another "
-                        "maintainer; or the sequencer was too busy); they wait for the next run"
-                    )
-                    continue
-                merged.append(len(piece))
-        except DataLossError:
-            if not replaced_meanwhile(object_log, name, reader):
-                raise
-            report.skipped.append(f"{name}: its batches changed while merging; run again")
-        finally:
-            reader.tally(report)
-        if merged:
-            report.actions.append(
-                f"{name}: {sum(merged):,} WAL batch(es) from {len(reader.objects):,} "
-                f"object(s) merged into {len(merged):,} object(s)"
-            )
+    total = sum(piece.size for piece in planned)
+    done = 0
+    merged: dict[str, list[int]] = {}
+    sources: dict[str, set[str]] = {}
+    for group in _groups(planned, MAX_HELD_BYTES):
+        if progress is not None:
+            progress("merge", done, total)
+        done += sum(piece.size for piece in group)
+        for piece, parts in _read_group(object_log, group, report):
+            sources.setdefault(piece.stream, set()).update(b.object_key for b in piece.batches)
+            if not _merge_piece(object_log, piece, parts, report, dry_run):
+                report.skipped.append(
+                    f"{piece.stream}: offsets {piece.batches[0].base_offset:,}.."
+                    f"{piece.batches[-1].last_offset:,} changed while merging (a retention "
+                    "trim, compaction or another maintainer; or the sequencer was too busy); "
+                    "they wait for the next run"
+                )
+                continue
+            merged.setdefault(piece.stream, []).append(len(piece.batches))
+    for name, counts in merged.items():
+        report.actions.append(
+            f"{name}: {sum(counts):,} WAL batch(es) from {len(sources[name]):,} "
+            f"object(s) merged into {len(counts):,} object(s)"
+        )
     if progress is not None:
         progress("merge", total, total)
     return report
+
+
+@dataclass
+class _Piece:
+    """Consecutive WAL batches of one stream that become one merged object."""
+
+    stream: str
+    max_batch_bytes: int
+    batches: list[BatchLocation]
+
+    @property
+    def size(self) -> int:
+        return sum(b.size for b in self.batches)
+
+
+def _groups(pieces: list[_Piece], max_bytes: int) -> Iterator[list[_Piece]]:
+    """Pieces in groups of at most ``max_bytes`` (a larger piece alone): what one pass
+    over the WAL objects holds in memory before writing the merged objects."""
+    group: list[_Piece] = []
+    size = 0
+    for piece in pieces:
+        if group and size + piece.size > max_bytes:
+            yield group
+            group, size = [], 0
+        group.append(piece)
+        size += piece.size
+    if group:
+        yield group
+
+
+def _read_group(
+    object_log: ObjectLog, group: list[_Piece], report: MaintenanceReport
+) -> list[tuple[_Piece, list[bytes]]]:
+    """Every batch of ``group``'s pieces, read in (object, position) order: a WAL object
+    holds batches of many streams, and this way each object costs one coalesced ranged
+    GET for the whole group instead of one per stream. A piece whose object vanished
+    because its batches moved meanwhile (another maintainer) is left out; an object the
+    sequencer still references is lost data (DataLossError)."""
+    while True:
+        owner = {id(b): piece for piece in group for b in piece.batches}
+        wanted = sorted(
+            (b for piece in group for b in piece.batches),
+            key=lambda b: (b.object_key, b.position),
+        )
+        reader = SourceReader(object_log, max(piece.max_batch_bytes for piece in group))
+        copied: dict[int, dict[int, bytes]] = {id(piece): {} for piece in group}
+        try:
+            for location, data in reader.raw(wanted):
+                copied[id(owner[id(location)])][id(location)] = data
+        except DataLossError:
+            gone = [p for p in group if any(b.object_key == reader.missing for b in p.batches)]
+            for piece in gone:
+                if not replaced_meanwhile(object_log, piece.stream, reader):
+                    raise
+                report.skipped.append(f"{piece.stream}: its batches changed while merging")
+            group = [p for p in group if p not in gone]
+            continue
+        finally:
+            reader.tally(report)
+        return [(piece, [copied[id(piece)][id(b)] for b in piece.batches]) for piece in group]
 
 
 def plan_pieces(
@@ -169,30 +233,28 @@ def _waited(piece: list[BatchLocation], now_ms: int) -> bool:
 
 def _merge_piece(
     object_log: ObjectLog,
-    stream: str,
-    piece: list[BatchLocation],
-    reader: SourceReader,
+    piece: _Piece,
+    parts: list[bytes],
     report: MaintenanceReport,
     dry_run: bool,
 ) -> bool:
-    """Copy one piece into a new merged object and swap it in; whether it applied."""
-    parts: list[bytes] = []
+    """Write one piece's batches (already read and verified) into a new merged object and
+    swap it in; whether it applied."""
     news: list[BatchLocation] = []
     position = 0
-    for location, data in reader.raw(piece):
-        parts.append(data)
+    for location, data in zip(piece.batches, parts):
         news.append(
             BatchLocation(
                 0,
                 "",
                 position,
-                location.size,
+                len(data),
                 location.base_offset,
                 location.last_offset,
                 location.max_timestamp,
             )
         )
-        position += location.size
+        position += len(data)
     if dry_run:
         report.add(objects_written=1, bytes_written=position)
         return True
@@ -202,4 +264,4 @@ def _merge_piece(
         BatchLocation(0, key, b.position, b.size, b.base_offset, b.last_offset, b.max_timestamp)
         for b in news
     ]
-    return swap(object_log, stream, piece, news, (key, uploaded_at))
+    return swap(object_log, piece.stream, piece.batches, news, (key, uploaded_at))

@@ -97,7 +97,8 @@ def test_merging_keeps_every_record_and_byte_and_cuts_the_gets_of_a_read(  # typ
         assert len(sizes) <= -(-total // (6 << 10)), "pieces are close to the target size"
     gets_after = _gets_of_a_read(log, "a")
     assert gets_after == objects_per_stream(log, "a") <= gets_before // 5
-    assert report.objects_read == 40 * 3 and report.objects_written == sum(
+    # Every WAL object holds batches of all three streams and is read once, not thrice.
+    assert report.objects_read == 40 and report.objects_written == sum(
         objects_per_stream(log, s) for s in streams
     )
     assert len(report.actions) == 3
@@ -255,7 +256,7 @@ def test_a_stream_deleted_during_a_merge_is_skipped(
     of_b = {b.batch_id for b in as_objects(log).live_batches("b")}
 
     def delete_then_read(reader, locations):  # type: ignore[no-untyped-def]
-        if locations[0].batch_id in of_b and "b" in log.streams():
+        if any(b.batch_id in of_b for b in locations) and "b" in log.streams():
             log.delete_stream("b")  # deleted between the listing and the copy
             as_objects(log).collect_garbage(grace_seconds=0)  # and its objects collected
         return real_raw(reader, locations)
