@@ -102,6 +102,7 @@ class StreamStore:
         self._active_fd = -1
         self._state = StreamState()
         self._state_raw = b""
+        self._lock_held = False  # inside exclusive(): _locked() must not lock or unlock
         try:
             self._lock_fd = os.open(directory / STATE, os.O_RDWR)
         except FileNotFoundError:
@@ -117,11 +118,34 @@ class StreamStore:
 
     @contextlib.contextmanager
     def _locked(self) -> Iterator[None]:
+        if self._lock_held:  # within exclusive(), by the thread holding the mutex
+            yield
+            return
         fcntl.flock(self._lock_fd, fcntl.LOCK_EX)
         try:
             yield
         finally:
             fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
+
+    @contextlib.contextmanager
+    def exclusive(self) -> Iterator[None]:
+        """Hold the stream lock, caught up with other processes, for files kept beside
+        the state record that must change in step with it (the tiered-segment manifest,
+        :mod:`~disklesslog.segments.manifest`). :meth:`trim` and :meth:`snapshot` may be
+        called inside; other threads of this process wait, so keep it short (no network).
+        """
+        with self._mutex:
+            self._check_open()
+            if self._lock_held:  # nested
+                yield
+                return
+            with self._locked():
+                self._lock_held = True
+                try:
+                    self._refresh(locked=True)
+                    yield
+                finally:
+                    self._lock_held = False
 
     @property
     def _active(self) -> Segment:
