@@ -27,7 +27,6 @@ its identity (inode, size, mtime) changes, which every replacement does.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
 import os
 import secrets
@@ -199,7 +198,10 @@ class Manifest:
             "incarnation": self.incarnation,
             "start_offset": self.start_offset,
             "segments": [_segment_dict(seg) for seg in self.segments],
-            "garbage": [dataclasses.asdict(item) for item in self.garbage],
+            "garbage": [
+                {"key": item.key, "size": item.size, "since_ms": item.since_ms}
+                for item in self.garbage
+            ],
         }
 
     def encode(self) -> bytes:
@@ -258,10 +260,14 @@ def _segment_dict(seg: TieredSegment) -> dict[str, Any]:
         "max_timestamp": seg.max_timestamp,
         "state": seg.state,
         "since_ms": seg.since_ms,
-        "log": dataclasses.asdict(seg.log),
-        "index": dataclasses.asdict(seg.index),
-        "timeindex": dataclasses.asdict(seg.timeindex),
+        "log": _object_dict(seg.log),
+        "index": _object_dict(seg.index),
+        "timeindex": _object_dict(seg.timeindex),
     }
+
+
+def _object_dict(obj: TieredObject) -> dict[str, Any]:
+    return {"key": obj.key, "size": obj.size, "crc32c": obj.crc32c}
 
 
 def _segment(item: dict[str, Any]) -> TieredSegment:

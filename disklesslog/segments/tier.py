@@ -31,6 +31,8 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+from fsspec.implementations.memory import MemoryFileSystem
+
 from ..errors import ConfigError, DataLossError, DisklessLogError, InvalidURL
 from ..format import crc32c
 from ..markers import MARKER, check_marker
@@ -147,10 +149,10 @@ def configure_tier(
             "that URL"
         )
     if persisted is not None:
-        return Tier(persisted[0], persisted[1], storage_options, metrics)
+        return Tier(persisted[0], persisted[1], storage_options, metrics, sync=sync)
     if wanted is None:
         return None
-    tier = Tier(wanted, "", storage_options, metrics)  # a bad URL or client fails here
+    tier = Tier(wanted, "", storage_options, metrics, sync=sync)  # a bad URL fails here
     tier.check_owner(None)  # before this log commits to the URL
     url, log_id = _persist(root, wanted, sync=sync)
     if url != wanted:
@@ -167,15 +169,23 @@ class Tier:
     """The object storage of one log's tiered segments (thread-safe)."""
 
     def __init__(
-        self, url: str, log_id: str, storage_options: Mapping[str, Any] | None, metrics: Metrics
+        self,
+        url: str,
+        log_id: str,
+        storage_options: Mapping[str, Any] | None,
+        metrics: Metrics,
+        *,
+        sync: bool = True,
     ) -> None:
         self.url = url
+        self.sync = sync
+        """Whether objects written to a local directory are fsynced (the log's policy)."""
         self.log_id = log_id
         self.metrics = metrics
         self.fs, self.root = open_filesystem(url, storage_options)
         protocol = self.fs.protocol if isinstance(self.fs.protocol, str) else self.fs.protocol[0]
         self._local = protocol in ("file", "local")
-        self._memory = protocol == "memory"
+        self._memory = isinstance(self.fs, MemoryFileSystem)
         self._owner_checked = False
 
     def __repr__(self) -> str:
@@ -285,7 +295,7 @@ class Tier:
         memory files are visible while written, so they get the whole bytes at once."""
         path = self.path(key)
         if self._local:
-            self._write_local(path, data, size, progress)
+            self._write_local(path, data, size, progress, sync=self.sync)
         elif isinstance(data, bytes) or self._memory:
             whole = data if isinstance(data, bytes) else _pread_all(data, size)
             self.fs.pipe_file(path, whole)
@@ -305,7 +315,7 @@ class Tier:
 
     @staticmethod
     def _write_local(
-        path: str, data: bytes | int, size: int, progress: Callable[[int], None]
+        path: str, data: bytes | int, size: int, progress: Callable[[int], None], *, sync: bool
     ) -> None:
         directory = os.path.dirname(path)
         os.makedirs(directory, exist_ok=True)
@@ -316,13 +326,15 @@ class Tier:
                     out.write(chunk)
                     progress(len(chunk))
                 out.flush()
-                os.fsync(out.fileno())
+                if sync:
+                    os.fsync(out.fileno())
             os.replace(temporary, path)
         except BaseException:
             with contextlib.suppress(OSError):
                 os.unlink(temporary)
             raise
-        fsync_directory(Path(directory))
+        if sync:
+            fsync_directory(Path(directory))
 
     def checksum(self, key: str, expected_size: int) -> tuple[int, int] | None:
         """``(size, crc32c)`` of the object as stored, read back in full; ``None`` if it

@@ -21,6 +21,7 @@ missing object the manifest still lists is :class:`~disklesslog.DataLossError`.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import struct
 import threading
@@ -165,45 +166,53 @@ class TieredReader:
     def _entries(self, store: StreamStore, seg: TieredSegment, offset: int) -> Iterator[Entry]:
         """Decoded entries of a tiered segment from the one holding ``offset``: those
         below it are only peeked. Checks that the entries end at the segment's end."""
-        index = self._index(seg.index, OFFSET_ENTRY)
-        hint = index.floor(offset - seg.base_offset)
-        position, base = (hint[1], seg.base_offset + hint[0]) if hint else (0, seg.base_offset)
         key, size = seg.log.key, seg.log.size
         source = self.tier.object_url(key)
 
         def read(length: int, at: int) -> bytes:
             return self.tier.read(key, at, min(at + length, size))
 
-        expected = base
-        try:
-            for entry in iter_entries(
-                read,
-                source,
-                position,
-                size,
-                base,
-                max_batch_bytes=store.config.max_batch_bytes,
-                mode=DECODE,
-                skip_below=offset,
-            ):
-                expected = entry[1] + entry[2].span
-                yield entry
-        except IncompleteBatchError as exc:  # not a tail being written: the object is short
-            raise CorruptDataError(
-                f"object ends inside an entry ({exc.reason})",
-                source=exc.source,
-                position=exc.position,
-            ) from None
-        except DataLossError:
-            if self._still_listed(store, seg):
-                raise
-            raise self._trimmed(store, offset, self.view(store)) from None
+        with self._reading(store, seg, offset):
+            hint = self._index(seg.index, OFFSET_ENTRY).floor(offset - seg.base_offset)
+            position, base = (hint[1], seg.base_offset + hint[0]) if hint else (0, seg.base_offset)
+            expected = base
+            try:
+                for entry in iter_entries(
+                    read,
+                    source,
+                    position,
+                    size,
+                    base,
+                    max_batch_bytes=store.config.max_batch_bytes,
+                    mode=DECODE,
+                    skip_below=offset,
+                ):
+                    expected = entry[1] + entry[2].span
+                    yield entry
+            except IncompleteBatchError as exc:  # no tail being written: the object is short
+                raise CorruptDataError(
+                    f"object ends inside an entry ({exc.reason})",
+                    source=exc.source,
+                    position=exc.position,
+                ) from None
         if expected != seg.end_offset:
             raise CorruptDataError(
                 f"entries end at offset {expected}, the manifest says {seg.end_offset}",
                 source=source,
                 position=size,
             )
+
+    @contextlib.contextmanager
+    def _reading(self, store: StreamStore, seg: TieredSegment, offset: int) -> Iterator[None]:
+        """A missing object of a segment the manifest no longer lists was trimmed and
+        collected under this read (:class:`OffsetOutOfRange`, as for local segments);
+        of a listed one, it is lost (:class:`DataLossError` propagates)."""
+        try:
+            yield
+        except DataLossError:
+            if self._still_listed(store, seg):
+                raise
+            raise self._trimmed(store, offset, self.view(store)) from None
 
     def offset_for_time(self, store: StreamStore, timestamp: int) -> int | None:
         """First offset whose record timestamp is >= ``timestamp`` (Kafka's rule): tiered
@@ -214,7 +223,8 @@ class TieredReader:
             for seg in v.tiered:
                 if seg.max_timestamp < timestamp:
                     continue
-                hint = self._index(seg.timeindex, TIME_ENTRY).below(timestamp)
+                with self._reading(store, seg, seg.base_offset):
+                    hint = self._index(seg.timeindex, TIME_ENTRY).below(timestamp)
                 lo = max(v.start_offset, seg.base_offset + (hint[1] if hint else 0))
                 for batch in self._segment_batches(store, seg, lo, v.local_start):
                     for offset, ts in zip(batch.offsets, batch.timestamps):

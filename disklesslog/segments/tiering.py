@@ -103,6 +103,11 @@ def _now_ms() -> int:
     return int(time.time() * 1000)
 
 
+def _durable(store: StreamStore) -> bool:
+    """Whether manifest writes are fsynced: unless the log's policy is ``"never"``."""
+    return store._fsync != "never"
+
+
 def _keys(name: str, incarnation: str, prepared: _Prepared) -> tuple[str, str, str]:
     """The write-once keys of a segment: stream, manifest incarnation, base and end
     offsets and the CRC-32C of the ``.log`` (the indexes follow from it)."""
@@ -281,7 +286,7 @@ def _begin_copy(store: StreamStore, name: str, prepared: _Prepared) -> TieredSeg
     """Record the segment as ``copying`` (step 2). Returns its manifest entry (already
     ``tiered`` if another run finished it), or ``None`` when it cannot be tiered now
     (trimmed meanwhile, or not next to the tiered ones)."""
-    sync = store._fsync != "never"
+    sync = _durable(store)
     with store.exclusive():
         local_start = store.snapshot().start_offset
         if prepared.end <= local_start:
@@ -320,7 +325,7 @@ def _finish_copy(store: StreamStore, entry: TieredSegment) -> bool:
                     manifest.segments[i] = dataclasses.replace(
                         seg, state=TIERED, since_ms=_now_ms()
                     )
-                    manifests.save(store.directory, manifest, sync=store._fsync != "never")
+                    manifests.save(store.directory, manifest, sync=_durable(store))
                 return True
         return False
 
@@ -390,7 +395,7 @@ def trim_stream(store: StreamStore, before: int) -> list[TieredSegment]:
         gone: list[TieredSegment] = []
         if manifest is not None and before > manifest.start_offset:
             gone = manifest.trim(before, _now_ms())
-            manifests.save(store.directory, manifest, sync=store._fsync != "never")
+            manifests.save(store.directory, manifest, sync=_durable(store))
         store.trim(before)
     return gone
 
@@ -459,7 +464,7 @@ def _collect_doomed(
             if current is None:
                 return
             current.garbage = [item for item in current.garbage if item.key not in deleted]
-            manifests.save(store.directory, current, sync=store._fsync != "never")
+            manifests.save(store.directory, current, sync=_durable(store))
 
     log._with_store(name, forget, create=False)
 
