@@ -45,6 +45,7 @@ from ..config import StreamConfig, require_keys
 from ..errors import (
     ConfigError,
     CorruptDataError,
+    OffsetOutOfRange,
     StreamExistsError,
     StreamNotFound,
 )
@@ -69,6 +70,7 @@ from .layout import (
 )
 from .manifest import ManifestCache
 from .store import FSYNC_POLICIES, StreamGone, StreamStore
+from .tier import CONFIG_FILE as TIER_CONFIG
 from .tier import Tier, configure_tier
 from .tiered import TieredReader, local_units, make_view
 
@@ -80,6 +82,8 @@ _CONFIG_VERSION = 1
 _GONE_RETRIES = 20
 DEFAULT_LINGER_MS = 5
 DEFAULT_MAX_BUFFER_BYTES = 8 << 20
+TIER_RECHECK_SECONDS = 1.0
+"""How often a log opened without a tier looks whether another process gave it one."""
 
 
 class SegmentLog(AbstractLog):
@@ -117,6 +121,7 @@ class SegmentLog(AbstractLog):
         # another process starts tiering later gets it when a stream shows a manifest.
         self._manifests = ManifestCache()
         self._tier_options = tier_storage_options
+        self._tier_recheck = 0.0  # monotonic time to look for tier.json again
         tier = configure_tier(
             root, tier_url, tier_storage_options, self._metrics, sync=fsync != "never"
         )
@@ -296,6 +301,18 @@ class SegmentLog(AbstractLog):
         return tiering.collect_garbage(
             self, tiered.tier, dry_run=dry_run, progress=progress, grace_seconds=grace_seconds
         )
+
+    def _may_have_tiered_streams(self, *, now: bool = False) -> bool:
+        """Whether this log has a tier, cheaply: a log opened without one looks for
+        ``tier.json`` (another process may start tiering it) at most once a second,
+        or ``now``, so logs that never tier pay nothing on their read path."""
+        if self._tiered is not None:
+            return True
+        clock = time.monotonic()
+        if not now and clock < self._tier_recheck:
+            return False
+        self._tier_recheck = clock + TIER_RECHECK_SECONDS
+        return os.path.exists(self.path / TIER_CONFIG)
 
     def _tiered_reader(self, *, required: bool = True) -> TieredReader | None:
         """The log's tier reads; configured on first need if another process started
@@ -515,10 +532,13 @@ class SegmentStream(Stream):
     # and trims go through segments.tiered/tiering, the others take the local path
     # unchanged (one stat of the manifest file decides).
 
-    def _tiered(self, store: StreamStore) -> TieredReader | None:
-        if self._log._manifests.get(store.directory) is None:
+    def _tier_reads(self, store: StreamStore, *, now: bool = False) -> TieredReader | None:
+        log = self._log
+        if not log._may_have_tiered_streams(now=now):
             return None
-        return self._log._tiered_reader()
+        if log._manifests.get(store.directory) is None:
+            return None
+        return log._tiered_reader()
 
     def read_batches(
         self, start: int | None = None, end: int | None = None, *, max_records: int | None = None
@@ -526,9 +546,16 @@ class SegmentStream(Stream):
         check_read_arguments(start, end, max_records)
 
         def read(store: StreamStore) -> Iterator[RecordBatch]:
-            tiered = self._tiered(store)
+            tiered = self._tier_reads(store)
             if tiered is None:
-                return reader.read_batches(store, start, end, max_records)
+                try:
+                    return reader.read_batches(store, start, end, max_records)
+                except OffsetOutOfRange:
+                    # Below the local start: tiered by a process that began tiering
+                    # this log after it was opened here, within the last second?
+                    tiered = self._tier_reads(store, now=True)
+                    if tiered is None:
+                        raise
             return tiered.read_batches(store, start, end, max_records)
 
         return self._log._with_store(self._name, read, create=False)
@@ -538,7 +565,7 @@ class SegmentStream(Stream):
             raise ConfigError(f"timestamp_ms must be an int, not {type(timestamp_ms).__name__}")
 
         def find(store: StreamStore) -> int | None:
-            tiered = self._tiered(store)
+            tiered = self._tier_reads(store)
             if tiered is None:
                 return reader.offset_for_time(store, timestamp_ms)
             return tiered.offset_for_time(store, timestamp_ms)
@@ -548,7 +575,7 @@ class SegmentStream(Stream):
     @property
     def start_offset(self) -> int:
         def start(store: StreamStore) -> int:
-            tiered = self._tiered(store)
+            tiered = self._tier_reads(store)
             if tiered is None:
                 return store.snapshot().start_offset
             return tiered.view(store).start_offset
@@ -614,7 +641,7 @@ class SegmentStream(Stream):
 
     def _retention_units(self) -> tuple[list[Unit], int]:
         def units(store: StreamStore) -> tuple[list[Unit], int]:
-            tiered = self._tiered(store)
+            tiered = self._tier_reads(store)
             if tiered is None:
                 return local_units(store, store.snapshot())
             return tiered.retention_units(store)

@@ -353,15 +353,19 @@ class ManifestCache:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._known: dict[Path, tuple[tuple[int, int, int, int], Manifest]] = {}
+        self._paths: dict[Path, str] = {}  # joining paths costs more than the stat
 
     def get(self, directory: Path) -> Manifest | None:
-        path = directory / MANIFEST
+        path = self._paths.get(directory)
+        if path is None:
+            path = self._paths[directory] = os.path.join(directory, MANIFEST)
         for _ in range(3):
             try:
                 st = os.stat(path)
             except FileNotFoundError:
-                with self._lock:
-                    self._known.pop(directory, None)
+                if directory in self._known:
+                    with self._lock:
+                        self._known.pop(directory, None)
                 return None
             identity = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
             with self._lock:
@@ -374,7 +378,7 @@ class ManifestCache:
                     raw = f.read()
             except FileNotFoundError:
                 continue  # replaced between stat and open: look again
-            manifest = Manifest.decode(raw, str(path))
+            manifest = Manifest.decode(raw, path)
             identity = (st_now.st_dev, st_now.st_ino, st_now.st_size, st_now.st_mtime_ns)
             with self._lock:
                 self._known[directory] = (identity, manifest)

@@ -34,6 +34,7 @@ from disklesslog import (
     OffsetOutOfRange,
 )
 from disklesslog.cli import main
+from disklesslog.segments import log as segment_log
 from disklesslog.segments import manifest as manifests
 from disklesslog.segments import tiering
 from disklesslog.testing import FaultyMemoryFileSystem, create_bucket, s3_storage_options
@@ -204,15 +205,24 @@ def test_another_process_reads_the_tiered_part(tmp_path: Path, s3_server: str) -
     assert [(o, ts, bytes.fromhex(v)) for _, o, ts, v in dumped] == ref
 
 
-def test_a_process_that_opened_before_tiering_began_sees_the_tier(tmp_path: Path) -> None:
-    target = _memory_target()
+def test_a_process_that_opened_before_tiering_began_sees_the_tier(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A log opened without a tier looks for one at most once a second (so logs that
+    never tier pay nothing per read), and at once when a read falls below its local
+    start."""
+    monkeypatch.setattr(segment_log, "TIER_RECHECK_SECONDS", 0.2)
     early = disklesslog.open(tmp_path / "log", fsync="never", local_retention_bytes=2048, **SMALL)
     ref = _fill(early, "s", 120)
-    late = _open(tmp_path / "log", target)
-    late.tier(now_ms=NOW)
     stream = early.stream("s")
-    assert stream.start_offset == 0 < _local_start(stream)
-    assert _rows(stream) == ref
+    assert _rows(stream) == ref  # and now it will not look for a tier for a while
+    late = _open(tmp_path / "log", _memory_target())
+    late.tier(now_ms=NOW)
+    local = _local_start(late.stream("s"))
+    assert local > 0
+    assert _rows(stream, 0) == ref  # below the local start: it looks at once
+    time.sleep(0.2)
+    assert stream.start_offset == 0 and _rows(stream) == ref
     early.close()
     late.close()
 
@@ -596,12 +606,18 @@ def _run(mode: str, path: Path, *args: str, options: dict[str, Any] | None = Non
 
 
 def _check_tier_consistent(path: Path, target: Target) -> None:
-    """Every object of a segment a manifest lists as tiered exists."""
-    stored = target.keys()
-    for _, manifest in manifests.iter_manifests(path / "streams"):
-        for seg in manifest.segments:
-            if seg.tiered:
-                assert set(seg.object_keys()) <= stored, "an object a manifest lists is gone"
+    """Every object of a segment a manifest lists as tiered exists. (Manifests first,
+    then the listing: an object listed as tiered cannot be collected within the check,
+    which takes far less than the grace period.)"""
+    listed = [
+        key
+        for _, manifest in manifests.iter_manifests(path / "streams")
+        for seg in manifest.segments
+        if seg.tiered
+        for key in seg.object_keys()
+    ]
+    missing = set(listed) - target.keys()
+    assert not missing, f"objects a manifest lists are gone: {sorted(missing)[:3]}"
 
 
 @pytest.mark.parametrize(
@@ -614,6 +630,7 @@ def test_sigkill_while_tiering_loses_nothing(tmp_path: Path, rounds: int) -> Non
     target = _file_target(tmp_path)
     path = tmp_path / "log"
     rng = random.Random(1234)
+    killed = 0
     log = disklesslog.open(
         path,
         fsync="never",  # SIGKILL is a process crash: the OS keeps what was written
@@ -643,6 +660,7 @@ def test_sigkill_while_tiering_loses_nothing(tmp_path: Path, rounds: int) -> Non
             delay = max(0.005, (time.monotonic() - started) * 0.8)
         else:
             assert child.returncode == -signal.SIGKILL, err
+            killed += 1
         log.tier(now_ms=NOW)
         for name, ref in refs.items():
             stream = log.stream(name)
@@ -651,6 +669,7 @@ def test_sigkill_while_tiering_loses_nothing(tmp_path: Path, rounds: int) -> Non
             assert all(seg.tiered for seg in segments)
             assert segments[-1].end_offset == stream.info().details["segments"][-1]["base_offset"]
         _check_tier_consistent(path, target)
+    assert killed > rounds // 2, "the tiering process should mostly die mid-way"
     log.collect_garbage(grace_seconds=0)
     assert target.keys() == _referenced(path), "orphans survived garbage collection"
     for name, ref in refs.items():
@@ -675,47 +694,69 @@ def _concurrent_round(
         local_retention_bytes=6_000,
     ) as log:
         log.create_stream("s")
+    children: list[tuple[subprocess.Popen[bytes], Path]] = []
 
-    def spawn(mode: str, *args: str, extra: dict[str, Any] | None = None) -> subprocess.Popen[str]:
+    def spawn(mode: str, *args: str, extra: dict[str, Any] | None = None) -> int:
         payload = json.dumps({**options, **(extra or {})})
-        return subprocess.Popen(
-            [sys.executable, str(WORKERS), mode, str(path), payload, *args],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
+        out = tmp_path / f"{mode}-{len(children)}.out"
+        with open(out, "wb") as sink:  # files, not pipes: a full pipe would block a child
+            child = subprocess.Popen(
+                [sys.executable, str(WORKERS), mode, str(path), payload, *args],
+                stdout=sink,
+                stderr=subprocess.STDOUT,
+            )
+        children.append((child, out))
+        return len(children) - 1
 
-    maintainer = spawn("maintain", str(stop), extra={"grace": 0.5})
-    reading = [spawn("read", str(stop)) for _ in range(readers)]
-    writing = [spawn("write", str(records)) for _ in range(writers)]
-    acked: dict[int, bytes] = {}
-    for child in writing:
-        out, err = child.communicate(timeout=300)
-        assert child.returncode == 0, err
-        for line in out.splitlines():
-            _, offset, value = line.split()
-            assert int(offset) not in acked, "two writers got one offset"
-            acked[int(offset)] = bytes.fromhex(value)
-    stop.touch()
-    seen: dict[int, bytes] = {}
-    for child in [*reading, maintainer]:
-        out, err = child.communicate(timeout=300)
-        assert child.returncode == 0, f"a reader or the maintainer failed: {err}"
-        for line in out.splitlines():
-            kind, *rest = line.split()
-            if kind == "seen":
-                offset, value = int(rest[0]), bytes.fromhex(rest[1])
-                assert seen.setdefault(offset, value) == value
+    def finish(index: int) -> list[str]:
+        child, out = children[index]
+        child.wait(timeout=300)
+        text = out.read_text()
+        assert child.returncode == 0, f"a child process failed: {text[-3000:]}"
+        return text.splitlines()
+
+    try:
+        maintainer = spawn("maintain", str(stop), extra={"grace": 0.5})
+        reading = [spawn("read", str(stop)) for _ in range(readers)]
+        writing = [spawn("write", str(records)) for _ in range(writers)]
+        while any(children[i][0].poll() is None for i in writing):
+            _check_tier_consistent(path, target)  # no object a manifest lists goes
+            time.sleep(0.05)
+        acked: dict[int, bytes] = {}
+        for index in writing:
+            for line in finish(index):
+                _, offset, value = line.split()
+                assert int(offset) not in acked, "two writers got one offset"
+                acked[int(offset)] = bytes.fromhex(value)
+        stop.touch()
+        seen: dict[int, bytes] = {}
+        reads = []
+        for index in reading:
+            for line in finish(index):
+                kind, *rest = line.split()
+                if kind == "reads":
+                    reads.append(int(rest[0]))
+                else:
+                    offset, value = int(rest[0]), bytes.fromhex(rest[1])
+                    assert seen.setdefault(offset, value) == value
+        (rounds,) = finish(maintainer)
+    finally:
+        stop.touch()
+        for child, _ in children:
+            if child.poll() is None:
+                child.kill()
+                child.wait()
     assert len(acked) == writers * records
-    assert all(acked[offset] == value for offset, value in seen.items()), (
-        "a reader saw a wrong value"
-    )
+    assert len(reads) == readers and min(reads) > 0 and int(rounds.split()[1]) > 0
+    wrong = [offset for offset, value in seen.items() if acked[offset] != value]
+    assert not wrong, f"readers saw wrong values at {wrong[:5]}"
     with disklesslog.open(path, fsync="never", tier_storage_options=target.options) as log:
         log.tier(now_ms=NOW)
         _check_tier_consistent(path, target)
         stream = log.stream("s")
         rows = list(stream.read())
         start = stream.start_offset
+        assert 0 < start < _local_start(stream), "retention and tiering should both have run"
         assert [r.offset for r in rows] == list(range(start, writers * records))
         assert all(acked[r.offset] == r.value for r in rows), "an acknowledged record changed"
         log.collect_garbage(grace_seconds=0)

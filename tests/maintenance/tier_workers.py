@@ -57,7 +57,7 @@ def write(directory: str, options: dict[str, object], count: int) -> None:
             values = [b"w%d-%d-" % (writer_id, i) + b"." * 150 for i in range(first, first + 5)]
             offsets = stream.append_batch(values)
             for offset, value in zip(offsets, values):
-                print(f"ack {offset} {value.hex()}", flush=False)
+                print(f"ack {offset} {value.hex()}")
         sys.stdout.flush()
 
 
