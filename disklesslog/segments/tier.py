@@ -26,6 +26,7 @@ import logging
 import os
 import random
 import secrets
+import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
@@ -152,8 +153,9 @@ def configure_tier(
         return Tier(persisted[0], persisted[1], storage_options, metrics, sync=sync)
     if wanted is None:
         return None
-    tier = Tier(wanted, "", storage_options, metrics, sync=sync)  # a bad URL fails here
-    tier.check_owner(None)  # before this log commits to the URL
+    tier = Tier(wanted, "", storage_options, metrics, sync=sync)
+    tier.connect()  # a bad URL or a missing client fails here, before anything is written
+    tier.check_owner(None)  # as does a location that belongs to another log
     url, log_id = _persist(root, wanted, sync=sync)
     if url != wanted:
         raise ConfigError(f"another process configured this log to tier to {url} just now")
@@ -182,14 +184,36 @@ class Tier:
         """Whether objects written to a local directory are fsynced (the log's policy)."""
         self.log_id = log_id
         self.metrics = metrics
-        self.fs, self.root = open_filesystem(url, storage_options)
-        protocol = self.fs.protocol if isinstance(self.fs.protocol, str) else self.fs.protocol[0]
-        self._local = protocol in ("file", "local")
-        self._memory = isinstance(self.fs, MemoryFileSystem)
+        self._storage_options = storage_options
+        self._lock = threading.Lock()
+        self._connected: tuple[Any, str] | None = None
+        self._local = self._memory = False  # set by connect()
         self._owner_checked = False
 
     def __repr__(self) -> str:
         return f"Tier({self.url!r})"
+
+    def connect(self) -> tuple[Any, str]:
+        """The filesystem client and root, opened on first use: a bad URL raises
+        :class:`InvalidURL`, a missing client library :class:`MissingDependencyError`.
+        (A process opening a tiered log needs no client until it reads a tiered
+        segment or runs tiering.)"""
+        with self._lock:
+            if self._connected is None:
+                fs, root = open_filesystem(self.url, self._storage_options)
+                protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
+                self._local = protocol in ("file", "local")
+                self._memory = isinstance(fs, MemoryFileSystem)
+                self._connected = fs, root
+            return self._connected
+
+    @property
+    def fs(self) -> Any:
+        return (self._connected or self.connect())[0]
+
+    @property
+    def root(self) -> str:
+        return (self._connected or self.connect())[1]
 
     def path(self, key: str) -> str:
         return f"{self.root}/{key}"

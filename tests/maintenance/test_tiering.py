@@ -281,8 +281,7 @@ def test_retention_past_the_local_start_trims_both_parts(tmp_path: Path) -> None
     log.close()
 
 
-def test_reconcile_deletes_orphans_after_the_grace(tmp_path: Path) -> None:
-    target = _memory_target()
+def test_reconcile_deletes_orphans_after_the_grace(tmp_path: Path, target: Target) -> None:
     log = _open(tmp_path / "log", target, local_retention_bytes=2048, **SMALL)
     ref = _fill(log, "s", 120)
     _fill(log, "doomed", 120)
@@ -549,6 +548,28 @@ def test_bad_tier_settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> N
         disklesslog.open(tmp_path / "third", tier_url=objects_log)
     with disklesslog.open(path, fsync="never") as log, pytest.raises(ConfigError, match="grace"):
         log.collect_garbage(grace_seconds=-1)
+
+
+def test_a_tiered_log_opens_without_its_client_library(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Appends and local reads need no object-store client; tiered reads name what to
+    install."""
+    with _open(tmp_path / "log", _memory_target(), local_retention_bytes=2048, **SMALL) as log:
+        ref = _fill(log, "s", 120)
+        log.tier(now_ms=NOW)
+        local = _local_start(log.stream("s"))
+
+    def no_client(url: str, **options: Any) -> Any:
+        raise ImportError("no client")
+
+    monkeypatch.setattr(fsspec.core, "url_to_fs", no_client)
+    with disklesslog.open(tmp_path / "log", fsync="never") as log:
+        stream = log.stream("s")
+        assert stream.append(b"more") == 120
+        assert _rows(stream, local, 120) == ref[local:]
+        with pytest.raises(MissingDependencyError, match="memory://"):
+            list(stream.read(0))
 
 
 def test_tier_and_gc_without_a_tier_url_say_so(tmp_path: Path) -> None:
