@@ -193,12 +193,14 @@ def _copy_segments(
             entry = _begin_copy(store, name, prepared)
             if entry is None:
                 break
-            if not entry.tiered:
-                report.add(segments_read=1, bytes_read=size)
-                adopted += _upload(tiered.tier, entry, prepared, report, tally)
-                if not _finish_copy(store, entry):
-                    break  # trimmed meanwhile: its objects are garbage already
-                copied.append((prepared.base, prepared.end, size))
+            if entry.tiered:  # a concurrent run finished it
+                tally.advance(size)
+                continue
+            report.add(segments_read=1, bytes_read=size)
+            adopted += _upload(tiered.tier, entry, prepared, report, tally)
+            if not _finish_copy(store, entry):
+                break  # trimmed meanwhile: its objects are garbage already
+            copied.append((prepared.base, prepared.end, size))
         finally:
             os.close(prepared.fd)
     if not copied:
