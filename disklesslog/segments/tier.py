@@ -155,6 +155,14 @@ def configure_tier(
         return None
     tier = Tier(wanted, "", storage_options, metrics, sync=sync)
     tier.connect()  # a bad URL or a missing client fails here, before anything is written
+    if tier.local_path is not None:
+        inside = Path(tier.local_path).resolve()
+        log_root = root.resolve()
+        if inside == log_root or log_root in inside.parents or inside in log_root.parents:
+            raise InvalidURL(
+                f"tier_url {wanted} overlaps the log directory {root}: tier to a directory "
+                "outside it (or to object storage)"
+            )
     tier.check_owner(None)  # as does a location that belongs to another log
     url, log_id = _persist(root, wanted, sync=sync)
     if url != wanted:
@@ -206,6 +214,12 @@ class Tier:
                 self._memory = isinstance(fs, MemoryFileSystem)
                 self._connected = fs, root
             return self._connected
+
+    @property
+    def local_path(self) -> str | None:
+        """The tier's root as a local directory, if it is one."""
+        root = self.root
+        return root if self._local else None
 
     @property
     def fs(self) -> Any:

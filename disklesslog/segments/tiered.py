@@ -63,8 +63,13 @@ class View:
     manifest: Manifest | None
 
     def segment_at(self, offset: int) -> TieredSegment:
-        bases = [seg.base_offset for seg in self.tiered]
-        return self.tiered[max(0, bisect_right(bases, offset) - 1)]
+        """The tiered segment holding ``offset`` (which lies in ``[start, local start)``)."""
+        index = bisect_right(self.tiered, offset, key=_base_offset) - 1
+        return self.tiered[max(0, index)]
+
+
+def _base_offset(seg: TieredSegment) -> int:
+    return seg.base_offset
 
 
 class _Index:

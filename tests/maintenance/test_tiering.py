@@ -519,6 +519,10 @@ def test_bad_tier_settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> N
         disklesslog.open(path, tier_url=str(tmp_path / "tier"))
     with pytest.raises(InvalidURL):
         disklesslog.open(path, tier_url="")
+    with pytest.raises(InvalidURL, match="overlaps the log directory"):
+        disklesslog.open(path, tier_url=f"file://{path}/tier")
+    with pytest.raises(InvalidURL, match="overlaps the log directory"):
+        disklesslog.open(path, tier_url=f"file://{tmp_path}")
     with pytest.raises(ConfigError, match="pass tier_url too"):
         disklesslog.open(path, tier_storage_options={"anon": True})
     with pytest.raises(ConfigError, match="mapping"):
