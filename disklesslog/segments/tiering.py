@@ -152,7 +152,11 @@ def _candidates(store: StreamStore, tiered: TieredReader) -> list[tuple[Segment,
     """Closed local segments after the verified tiered ones, oldest first."""
     v = tiered.view(store)
     snap = v.snapshot
-    closed = [(seg, size) for seg, size in snap.segments[:-1] if seg.end_offset > snap.start_offset]
+    closed = [  # an empty segment (it spans no offsets) needs no copy
+        (seg, size)
+        for seg, size in snap.segments[:-1]
+        if seg.end_offset > snap.start_offset and seg.end_offset > seg.base and size
+    ]
     tiered_end = v.manifest.tiered_end() if v.manifest is not None else None
     if tiered_end is None or tiered_end < snap.start_offset:
         return closed

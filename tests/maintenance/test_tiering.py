@@ -473,7 +473,9 @@ def test_trims_below_and_above_the_local_start(tmp_path: Path) -> None:
     log.close()
 
 
-def test_corrupt_and_missing_tiered_objects_are_named(tmp_path: Path) -> None:
+def test_corrupt_and_missing_tiered_objects_are_named(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     target = _memory_target()
     log = _open(tmp_path / "log", target, local_retention_bytes=1, **SMALL)
     _fill(log, "s", 120)
@@ -489,10 +491,16 @@ def test_corrupt_and_missing_tiered_objects_are_named(tmp_path: Path) -> None:
         list(stream.read(0))
     assert corrupt.value.source == f"{target.url}/{first.log.key}"
     assert corrupt.value.position is not None and corrupt.value.position <= 700
+
     fs.rm_file(f"{root}/{second.log.key}")
     with pytest.raises(DataLossError, match="is missing") as lost:
         list(stream.read(second.base_offset))
     assert lost.value.source == f"{target.url}/{second.log.key}"
+    assert main(["verify", str(tmp_path / "log")]) == 1  # going on after each damage
+    out = capsys.readouterr().out
+    assert f"CORRUPT s: {target.url}/{first.log.key} at byte" in out
+    assert f"CORRUPT s: {target.url}/{second.log.key} at byte" in out
+    assert "2 corruption(s) found" in out
     log.close()
 
 
