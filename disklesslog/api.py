@@ -339,6 +339,13 @@ class AbstractLog(ABC):
         """Names of all streams, sorted."""
 
     @abstractmethod
+    def alter_stream(self, name: str, **changes: Any) -> StreamConfig:
+        """Change maintenance settings of an existing stream (``retention_ms``,
+        ``retention_bytes``, ``delete_retention_ms``, ``min_cleanable_dirty_ratio``,
+        ``local_retention_ms``, ``local_retention_bytes``) and return its new config.
+        Other settings are fixed at creation (ConfigError names them)."""
+
+    @abstractmethod
     def delete_stream(self, name: str) -> None:
         """Delete a stream and all its records."""
 
@@ -476,9 +483,16 @@ class AbstractLog(ABC):
 
         self._check_open()
         report = MaintenanceReport("maintain", dry_run=dry_run)
+        retention = self.apply_retention(stream, dry_run=dry_run, progress=progress, now_ms=now_ms)
+        config = None if stream is None else self.stream(stream).config
+        if config is None or config.compacted:
+            compaction = self.compact(stream, dry_run=dry_run, progress=progress, now_ms=now_ms)
+        else:  # compact() refuses a named stream it does not apply to; maintain skips it
+            compaction = MaintenanceReport("compaction", dry_run=dry_run)
+            compaction.skipped.append(f"{stream}: cleanup_policy={config.cleanup_policy!r}")
         steps: list[MaintenanceReport] = [
-            self.apply_retention(stream, dry_run=dry_run, progress=progress, now_ms=now_ms),
-            self.compact(stream, dry_run=dry_run, progress=progress, now_ms=now_ms),
+            retention,
+            compaction,
             self.merge(stream, dry_run=dry_run, progress=progress),
             self.tier(stream, dry_run=dry_run, progress=progress, now_ms=now_ms),
             self.collect_garbage(dry_run=dry_run, progress=progress, grace_seconds=grace_seconds),

@@ -20,7 +20,14 @@ from .format import (
     MAX_BATCH_BYTES_LIMIT,
 )
 
-__all__ = ["CLEANUP_POLICIES", "SAME_AS_RETENTION", "UNLIMITED", "StreamConfig", "require_keys"]
+__all__ = [
+    "ALTERABLE",
+    "CLEANUP_POLICIES",
+    "SAME_AS_RETENTION",
+    "UNLIMITED",
+    "StreamConfig",
+    "require_keys",
+]
 
 _DAY_MS = 24 * 3600 * 1000
 _MAX_MS = 100 * 365 * _DAY_MS  # a century: anything longer is a mistake
@@ -30,6 +37,20 @@ UNLIMITED = -1
 """``retention_ms``/``retention_bytes``: keep everything (Kafka's -1)."""
 SAME_AS_RETENTION = -2
 """``local_retention_ms``/``local_retention_bytes``: follow the stream's retention (Kafka's -2)."""
+ALTERABLE = frozenset(
+    {
+        "retention_ms",
+        "retention_bytes",
+        "delete_retention_ms",
+        "min_cleanable_dirty_ratio",
+        "local_retention_ms",
+        "local_retention_bytes",
+    }
+)
+"""Settings ``Log.alter_stream`` may change on an existing stream: what maintenance
+reads. The others are fixed at creation: they shape the bytes already stored (sizes,
+compression, segments) or what appends accept (``cleanup_policy``: a compacted stream
+refuses records without a key)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -158,6 +179,24 @@ class StreamConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+    def altered(self, **changes: Any) -> StreamConfig:
+        """A copy with maintenance settings changed (:data:`ALTERABLE`); any other
+        field raises ConfigError naming it."""
+        fixed = sorted(set(changes) - ALTERABLE)
+        if fixed:
+            unknown = [name for name in fixed if name not in self.field_names()]
+            if unknown:
+                raise ConfigError(
+                    f"unknown stream option(s) {unknown}; alterable: {sorted(ALTERABLE)}"
+                )
+            raise ConfigError(
+                f"{', '.join(fixed)} cannot change after a stream is created (it shapes the "
+                f"stored bytes or what appends accept); alterable: {sorted(ALTERABLE)}"
+            )
+        if not changes:
+            raise ConfigError(f"nothing to alter; alterable: {sorted(ALTERABLE)}")
+        return self.replace(**changes)
 
     def replace(self, **changes: Any) -> StreamConfig:
         """A copy with ``changes`` applied (validated like a new config)."""

@@ -85,6 +85,7 @@ HEADER_SIZE = BATCH.size
 ENTRY = tables("### 2.3 Segment entries")[0]
 OFFSET_INDEX, TIME_INDEX = tables("### 2.4 Index files")
 STATE = tables("### 2.5 The stream state record: `stream.state`")[0]
+CHECKPOINT = tables("### 2.7 Key compaction: checkpoint, staging, intent and the swap")[0]
 
 
 class SpecCorrupt(Exception):
@@ -573,7 +574,16 @@ def _config(stream_dir: Path) -> dict[str, Any]:
         "segment_bytes",
         "segment_ms",
         "index_interval_bytes",
+        "cleanup_policy",
+        "retention_ms",
+        "retention_bytes",
+        "delete_retention_ms",
+        "min_cleanable_dirty_ratio",
+        "local_retention_ms",
+        "local_retention_bytes",
     }
+    for name in config:  # every field is named in section 2.1
+        assert f"`{name}`" in section("### 2.1 Directory layout"), name
     return dict(config)
 
 
@@ -581,7 +591,7 @@ def _segments(stream_dir: Path) -> list[int]:
     """Segment bases from the file names (section 2.1), checking every name."""
     bases = []
     for path in stream_dir.iterdir():
-        if path.name in ("stream.json", "stream.state"):
+        if path.name in ("stream.json", "stream.state", "cleaner.lock", "cleaner.checkpoint"):
             continue
         match = re.fullmatch(r"(\d{20})\.(log|index|timeindex)", path.name)
         assert match, f"unexpected file {path.name}"
@@ -600,9 +610,11 @@ def _walk_stream(stream_dir: Path) -> tuple[list[int], list[list[SpecEntry]], di
     for base, next_base in zip(bases, [*bases[1:], None]):
         entries = spec_walk(stream_dir / f"{base:020d}.log", base, config["max_batch_bytes"])
         if next_base is not None:  # a closed segment ends where the next one starts
-            assert entries, "closed segments are never empty"
-            last = entries[-1]
-            assert last.base + last.header.last_offset_delta + 1 == next_base
+            compacted = "compact" in config["cleanup_policy"]
+            assert entries or compacted, "closed segments are empty only when compacted"
+            if entries:
+                last = entries[-1]
+                assert last.base + last.header.last_offset_delta + 1 == next_base
         walked.append(entries)
     return bases, walked, state
 
@@ -684,6 +696,47 @@ def test_segment_files_decode_by_the_spec(tmp_path: Path) -> None:
     assert state["recovery_position"] == active_size
     assert state["recovery_offset"] == last.base + last.header.last_offset_delta + 1
     assert state["recovery_offset"] == expected[-1][0] + 1
+
+
+def test_compacted_segments_decode_by_the_spec(tmp_path: Path) -> None:
+    """After compaction (section 2.7) segments still decode and chain by 2.3 (some
+    sparse, one empty), their indexes follow 2.4, the checkpoint parses by its table,
+    and the records are the latest of each key below the checkpoint."""
+    root = tmp_path / "log"
+    options = {"cleanup_policy": "compact", "segment_bytes": 2048, "index_interval_bytes": 200}
+    gone = [(b"gone", b"x" * 100)] * 40  # whole segments, all superseded
+    big = [(b"b%02d" % i, b"z" * 100) for i in range(18)]  # one batch: its own segment
+    rest = [(b"k%d" % (i % 7), b"v%d" % i + b"y" * (i % 90)) for i in range(200)]
+    rest += [(b"gone", None)] + [(b"k%d" % i, b"last") for i in range(7)]
+    rows = gone + big + rest
+    with disklesslog.open(root, fsync="never", **options) as log:
+        stream = log.stream("s")
+        for part in (
+            [gone[i : i + 8] for i in range(0, 40, 8)]
+            + [big]
+            + [rest[i : i + 8] for i in range(0, len(rest), 8)]
+        ):
+            stream.append_batch([v for _, v in part], keys=[k for k, _ in part], timestamps=TS)
+        stream.append_batch([b"tail" * 500], keys=[b"tail"], timestamps=TS)  # rolls first
+        assert log.compact(now_ms=TS).changed
+        expected = [tuple(r) for r in stream.read()]
+    stream_dir = root / "streams" / "s"
+    bases, walked, state = _walk_stream(stream_dir)
+    assert state["flags"] == 0
+    assert [r for entries in walked for e in entries for r in e.records] == expected
+    raw = (stream_dir / "cleaner.checkpoint").read_bytes()
+    checkpoint = dict(zip(CHECKPOINT.names, struct.unpack(CHECKPOINT.fmt, raw)))
+    assert checkpoint["magic"] == b"DLCK" and checkpoint["crc"] == crc32c.crc32c(raw[8:])
+    assert checkpoint["offset"] == bases[-1] == len(rows)
+    below = [(offset, key, value) for offset, _, key, value, _ in expected if offset < len(rows)]
+    latest = {key: offset for offset, (key, _) in enumerate(rows)}
+    assert below == [(o, k, v) for o, (k, v) in enumerate(rows) if latest[k] == o]
+    assert [] in walked[:-1], "the superseded segments became one empty segment"
+    assert any(e.header.record_count < e.header.last_offset_delta + 1 for w in walked for e in w)
+    for base, entries in zip(bases[:-1], walked):  # closed: indexes by the rule, sealed
+        index, timeindex = spec_indexes(entries, base, 200, sealed=True)
+        assert read_index(stream_dir / f"{base:020d}.index", OFFSET_INDEX) == index
+        assert read_index(stream_dir / f"{base:020d}.timeindex", TIME_INDEX) == timeindex
 
 
 def test_new_stream_state_is_all_zero(tmp_path: Path) -> None:

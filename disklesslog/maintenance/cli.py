@@ -50,6 +50,12 @@ def add_commands(commands: Any, log_options: argparse.ArgumentParser, open_log: 
         sub.add_argument(
             "--dry-run", action="store_true", help="report what would be done; change nothing"
         )
+        if name == "compact":
+            sub.add_argument(
+                "--force",
+                action="store_true",
+                help="compact even below the streams' min_cleanable_dirty_ratio",
+            )
         if name in ("gc", "maintain"):
             sub.add_argument(
                 "--grace",
@@ -80,6 +86,8 @@ def _run(args: argparse.Namespace, method: str, open_log: OpenLog) -> int:
         stream = getattr(args, "stream", None)
         if getattr(args, "grace", None) is not None:
             options["grace_seconds"] = args.grace
+        if getattr(args, "force", False):
+            options["force"] = True
         if method == "collect_garbage":
             report: MaintenanceReport = log.collect_garbage(**options)
         else:

@@ -24,14 +24,14 @@ from __future__ import annotations
 
 import operator
 from bisect import bisect_right
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from itertools import accumulate, compress, pairwise, repeat
 from typing import Any
 
 from ..config import StreamConfig
 from ..format import HEADER_SIZE, EncodedBatch, encode_batch
-from ..records import RecordBatch
+from ..records import Headers, RecordBatch
 
 __all__ = [
     "DEFAULT_MAX_KEYS",
@@ -40,6 +40,7 @@ __all__ = [
     "dirty_ratio",
     "encode_piece",
     "horizon",
+    "payload_bytes",
     "retile",
     "survivors",
     "target_batch_bytes",
@@ -132,7 +133,8 @@ def retile(start: int, end: int, kept: Iterable[RecordBatch], *, target_bytes: i
     """Lay surviving records out as batches that tile offsets ``[start, end)`` exactly:
     the first begins at ``start``, each next one where the previous ended, the last ends
     at ``end``; a batch is cut before it would exceed ``target_bytes`` of keys, values
-    and headers. Returns ``[]`` when no record survived (the range becomes one gap)."""
+    and headers (:func:`payload_bytes`). Returns ``[]`` when no record survived (the
+    range becomes one gap)."""
     columns: list[list[Any]] = [[], [], [], [], []]
     for batch in kept:
         for column, values in zip(
@@ -143,8 +145,7 @@ def retile(start: int, end: int, kept: Iterable[RecordBatch], *, target_bytes: i
     if not offsets:
         return []
     # Running byte totals (in C), then one bisect per batch boundary.
-    sizes = map(operator.add, map(_length, keys), map(_length, values))
-    totals = list(accumulate(map(operator.add, sizes, repeat(_RECORD_OVERHEAD))))
+    totals = list(accumulate(_record_sizes(keys, values, headers)))
     cuts = [0]
     while cuts[-1] < len(totals):
         done = totals[cuts[-1] - 1] if cuts[-1] else 0
@@ -198,6 +199,26 @@ def dirty_ratio(clean_bytes: int, dirty_bytes: int) -> float:
 def horizon(config: StreamConfig, now_ms: int) -> int:
     """Tombstones with a timestamp below this are dropped."""
     return now_ms - config.delete_retention_ms
+
+
+def payload_bytes(batch: RecordBatch) -> int:
+    """About what ``batch``'s records take in a rewritten batch: keys, values, header
+    keys and values, and generous framing per record (never less than they take)."""
+    return sum(_record_sizes(batch.keys, batch.values, batch.headers))
+
+
+def _record_sizes(
+    keys: Sequence[bytes | None], values: Sequence[bytes | None], headers: Sequence[Headers]
+) -> Iterator[int]:
+    """Per record: key + value + headers + framing, in C unless some record has headers."""
+    sizes = map(operator.add, map(_length, keys), map(_length, values))
+    if any(headers):
+        sizes = map(operator.add, sizes, map(_headers_length, headers))
+    return map(operator.add, sizes, repeat(_RECORD_OVERHEAD))
+
+
+def _headers_length(headers: Headers) -> int:
+    return sum(len(key.encode()) + _length(value) + 8 for key, value in headers)
 
 
 def _length(item: bytes | None) -> int:

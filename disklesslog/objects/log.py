@@ -121,6 +121,20 @@ class ObjectLog(AbstractLog):
         self._check_open()
         return self.sequencer.list_streams()
 
+    def alter_stream(self, name: str, **changes: Any) -> StreamConfig:
+        """Change maintenance settings of ``name`` in the sequencer (see
+        :data:`~disklesslog.config.ALTERABLE`); every process's maintenance reads them
+        from there."""
+        self._check_open()
+        validate_stream_name(name)
+        current = StreamConfig.from_dict(self.sequencer.stream_info(name).config)
+        new = current.altered(**changes).to_dict()
+        meta = self.sequencer.alter_stream(name, {key: new[key] for key in changes})
+        config = StreamConfig.from_dict(meta.config)
+        with self._lock:
+            self._configs[name] = config
+        return config
+
     def delete_stream(self, name: str) -> None:
         self._check_open()
         validate_stream_name(name)

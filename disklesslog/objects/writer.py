@@ -33,7 +33,13 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from ..config import StreamConfig
-from ..errors import ConfigError, DisklessLogError, ProducerFenced, StreamNotFound
+from ..errors import (
+    ConfigError,
+    DisklessLogError,
+    ProducerFenced,
+    SequencerConflict,
+    StreamNotFound,
+)
 from ..format import EncodedBatch, restamp
 from ..sequencers.base import BatchToCommit, CommitResult
 from ..writer import Writer, _Flush, _StreamBuffer
@@ -57,8 +63,16 @@ UPLOAD_MAX_AGE = 60.0
 again under a new key before committing: garbage collection may delete objects the
 sequencer does not know once they are older than its grace period (5 minutes by
 default), so a commit never refers to an object that old."""
+INLINE_BELOW = 0.001
+"""Seconds: while uploads and commits take less than this (memory, local disks), the
+flusher uploads and commits itself instead of handing each flush to an upload thread:
+overlapping buys nothing there, and two thread hand-offs per flush cost a third of a
+small append's time. Slower storage (a cloud bucket) gets the pipeline."""
 RESTARTS = 3
 """Times one flush may be restamped because its streams were deleted under it."""
+CONFLICT_RETRIES = 5
+"""Times one flush is committed again after :class:`~disklesslog.SequencerConflict` (the
+object-store sequencer lost every race for its next entry; nothing was applied)."""
 _RETRY_DELAY = 0.05
 
 
@@ -82,6 +96,7 @@ class _Pending:
     upload_error: BaseException | None = None
     uploaded_at: float = 0.0
     restarts: int = 0
+    conflicts: int = 0
 
 
 class _Unknown(Exception):
@@ -128,6 +143,7 @@ class ObjectWriter(Writer):
         self._queue: list[_Pending] = []
         self._pending = 0  # flushes dispatched and not finished
         self._committing = False
+        self._storage_time = 0.0  # moving average of upload + commit seconds (fast until seen)
         self._uploads = ThreadPoolExecutor(
             max_workers=max_inflight, thread_name_prefix=f"disklesslog-upload {log_.url}"
         )
@@ -201,7 +217,10 @@ class ObjectWriter(Writer):
             self._pending += 1
             pending.queued = True
             self._queue.append(pending)
-        self._uploads.submit(self._upload_then_commit, pending)
+        if self._storage_time < INLINE_BELOW:
+            self._upload_then_commit(pending)
+        else:
+            self._uploads.submit(self._upload_then_commit, pending)
 
     def _drain(self) -> None:
         with self._pipe:
@@ -247,9 +266,15 @@ class ObjectWriter(Writer):
         pending.order = order
 
     def _put(self, pending: _Pending) -> None:
+        started = time.monotonic()
         self._log.storage.put(pending.key, pending.data)
         self._log.cache_object(pending.key, pending.data)
         pending.uploaded_at = time.monotonic()
+        self._observe(pending.uploaded_at - started)
+
+    def _observe(self, seconds: float) -> None:
+        """Feed the moving average that chooses between inline and pooled uploads."""
+        self._storage_time += (seconds - self._storage_time) / 8
 
     def _upload_then_commit(self, pending: _Pending) -> None:
         """Upload (in a pool thread); then commit whatever is ready, unless another
@@ -329,6 +354,10 @@ class ObjectWriter(Writer):
         for pending, outcome in zip(ready, outcomes):
             if isinstance(outcome, list):
                 self._stored(pending, outcome)
+            elif isinstance(outcome, SequencerConflict) and pending.conflicts < CONFLICT_RETRIES:
+                pending.conflicts += 1  # nothing was applied: commit it again
+                self._log._metrics.add("commit_conflicts")
+                retry.append(pending)
             elif not self._matches(pending, self._expected()):
                 retry.append(pending)  # refused for a gap an earlier refusal left
             elif isinstance(outcome, StreamNotFound) and pending.restarts < RESTARTS:
@@ -368,8 +397,10 @@ class ObjectWriter(Writer):
                 metrics.add("commit_errors")
                 time.sleep(_RETRY_DELAY * 2 ** (attempt - 1) * (0.5 + random.random()))
                 continue
-            metrics.observe("commit", time.monotonic() - started)
+            took = time.monotonic() - started
+            metrics.observe("commit", took)
             metrics.add("committed_objects", len(objects))
+            self._observe(took)
             return outcomes
         raise _Unknown(
             f"commit of object(s) {', '.join(p.key for p in ready)} failed {COMMIT_ATTEMPTS} "

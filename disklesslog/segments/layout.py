@@ -6,6 +6,7 @@
     <log>/streams/<name>/stream.json    the stream's StreamConfig, written once
     <log>/streams/<name>/stream.state   48-byte state record; also the stream's lock file
     <log>/streams/<name>/<20 digits>.log / .index / .timeindex   one segment
+    <log>/streams/<name>/cleaner.*      key compaction: lock, checkpoint, intent, staging
     <log>/tmp/                          staging for atomic stream creation and deletion
     <log>/groups/                       reserved for consumer-group offsets
 
@@ -37,6 +38,12 @@ STATE = "stream.state"
 LOG_SUFFIX = ".log"
 INDEX_SUFFIX = ".index"
 TIMEINDEX_SUFFIX = ".timeindex"
+SEGMENT_SUFFIXES = (LOG_SUFFIX, INDEX_SUFFIX, TIMEINDEX_SUFFIX)
+"""A segment's files, in the order a compaction swap renames them into place."""
+CLEANER_LOCK = "cleaner.lock"
+CHECKPOINT = "cleaner.checkpoint"
+INTENT = "cleaner.intent"
+STAGING = "cleaner.staging"
 _DIGITS = 20
 
 _STATE = struct.Struct(
@@ -45,6 +52,8 @@ _STATE = struct.Struct(
 STATE_SIZE = _STATE.size  # 48
 _STATE_MAGIC = b"DLST"
 FLAG_DELETED = 1
+FLAG_SWAPPING = 2
+"""A compaction swap is replacing closed segments: lock-free readers wait for the lock."""
 
 
 def segment_name(base_offset: int, suffix: str) -> str:
@@ -71,7 +80,9 @@ class StreamState:
     """What every process appending to or reading a stream must agree on.
 
     ``generation`` changes whenever the set of segments or the start offset changes,
-    telling other processes to re-list the directory. ``active_segment`` names the
+    or a compaction swap replaces segment files, telling other processes to re-list
+    the directory; ``flags`` has :data:`FLAG_SWAPPING` while a swap is under way (a
+    lock-free reader must not list the directory then). ``active_segment`` names the
     segment appends go to; a newer file is a leftover of a crashed roll. The recovery
     point is a byte position in the active segment and the offset of the entry that
     starts there: every entry before it was verified (and synced, unless the fsync
@@ -88,6 +99,10 @@ class StreamState:
     @property
     def deleted(self) -> bool:
         return bool(self.flags & FLAG_DELETED)
+
+    @property
+    def swapping(self) -> bool:
+        return bool(self.flags & FLAG_SWAPPING)
 
     def encode(self) -> bytes:
         body = _STATE.pack(

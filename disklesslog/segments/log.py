@@ -50,12 +50,14 @@ from ..errors import (
     StreamNotFound,
 )
 from ..format import EncodedBatch, encode_batch_borrowed, encode_record
+from ..maintenance.compaction import DEFAULT_MAX_KEYS
 from ..maintenance.report import MaintenanceReport, Progress
 from ..maintenance.retention import Unit
 from ..metrics import Metrics
 from ..records import RecordBatch
 from ..writer import Writer
 from . import groups, reader, tiering
+from .compactor import compact_stream
 from .layout import (
     CONFIG,
     LOG_SUFFIX,
@@ -87,7 +89,12 @@ TIER_RECHECK_SECONDS = 1.0
 
 
 class SegmentLog(AbstractLog):
-    """A log of streams stored as segment files in a local directory."""
+    """A log of streams stored as segment files in a local directory.
+
+    ``cleaner_max_keys`` bounds the keys one compaction pass maps (Kafka's dedupe
+    buffer, counted in keys): a stream with more keys in its dirty segments is
+    compacted over several passes.
+    """
 
     def __init__(
         self,
@@ -97,6 +104,7 @@ class SegmentLog(AbstractLog):
         fsync: str = "interval",
         fsync_interval_ms: int = 1000,
         create: bool = True,
+        cleaner_max_keys: int = DEFAULT_MAX_KEYS,
         tier_url: str | None = None,
         tier_storage_options: Mapping[str, Any] | None = None,
         **stream_defaults: Any,
@@ -107,6 +115,9 @@ class SegmentLog(AbstractLog):
             raise ConfigError(f"fsync={fsync!r} is unknown; choose one of {list(FSYNC_POLICIES)}")
         if type(fsync_interval_ms) is not int or not 1 <= fsync_interval_ms <= 3_600_000:
             raise ConfigError("fsync_interval_ms must be an int in 1..3600000")
+        if type(cleaner_max_keys) is not int or cleaner_max_keys < 1:
+            raise ConfigError(f"cleaner_max_keys must be a positive int, not {cleaner_max_keys!r}")
+        self._cleaner_max_keys = cleaner_max_keys
         self._defaults = StreamConfig.from_dict(stream_defaults)
         check_log_directory(root, create=create)
         clean_staging(root)
@@ -223,6 +234,66 @@ class SegmentLog(AbstractLog):
         """The offsets ``group`` committed, by stream (``{}`` for a new group)."""
         self._check_open()
         return groups.committed_offsets(self.path, validate_group_name(group))
+
+    # ---------------------------------------------------------- maintenance
+
+    def compact(
+        self,
+        stream: str | None = None,
+        *,
+        dry_run: bool = False,
+        progress: Progress | None = None,
+        now_ms: int | None = None,
+        force: bool = False,
+    ) -> MaintenanceReport:
+        """Key compaction of the closed segments of compacted streams (``stream``, or
+        every stream whose ``cleanup_policy`` includes ``compact``): one cleaner pass
+        each (:mod:`disklesslog.segments.compactor`), safe alongside appends, reads,
+        trims and compactions in other processes. Damaged data stops the pass of its
+        stream: :class:`CorruptDataError` for a named stream, a skipped line otherwise."""
+        self._check_open()
+        report = MaintenanceReport("compaction", dry_run=dry_run)
+        now = int(time.time() * 1000) if now_ms is None else now_ms
+        if stream is not None:
+            config = self._read_config(validate_stream_name(stream))
+            if not config.compacted:
+                raise ConfigError(
+                    f"stream {stream!r} has cleanup_policy={config.cleanup_policy!r}, so it "
+                    "is not compacted: only streams created with cleanup_policy='compact' "
+                    "or 'compact,delete' are (compact() without a stream skips the others)"
+                )
+        names = [stream] if stream is not None else self.streams()
+        for name in names:
+            try:
+                config = self._read_config(name)
+            except StreamNotFound:
+                if stream is not None:
+                    raise
+                continue  # deleted since it was listed
+            if not config.compacted:
+                continue
+            report.streams += 1
+            compact = functools.partial(
+                compact_stream,
+                now_ms=now,
+                force=force,
+                dry_run=dry_run,
+                progress=progress,
+                max_keys=self._cleaner_max_keys,
+                config=config,
+            )
+            try:
+                report.merge(self._with_store(name, compact, create=False))
+            except StreamNotFound:
+                if stream is not None:
+                    raise
+                report.skipped.append(f"{name}: deleted during the pass")
+            except CorruptDataError as exc:
+                if stream is not None:
+                    raise
+                # Kafka's cleaner marks such a partition uncleanable and goes on.
+                report.skipped.append(f"{name}: not compacted: {exc} (see disklesslog verify)")
+        return report
 
     # -------------------------------------------------------------- writers
 
@@ -388,6 +459,43 @@ class SegmentLog(AbstractLog):
         except ConfigError as exc:
             raise CorruptDataError(f"invalid stream config: {exc}", source=str(path)) from None
 
+    def alter_stream(self, name: str, **changes: Any) -> StreamConfig:
+        """Change maintenance settings of ``name`` (see :data:`~disklesslog.config.ALTERABLE`):
+        ``stream.json`` is replaced atomically under the stream's lock, and maintenance
+        in every process reads it afresh."""
+        self._check_open()
+        validate_stream_name(name)
+
+        def alter(store: StreamStore) -> StreamConfig:
+            with store.locked():
+                new = self._read_config(name).altered(**changes)
+                self._write_config(self._stream_dir(name), new, replace=True)
+            return new
+
+        return self._with_store(name, alter, create=False)
+
+    def _write_config(self, directory: Path, config: StreamConfig, *, replace: bool) -> None:
+        """Write ``stream.json`` (through a temporary file and a rename when it replaces
+        one, so readers see the old or the new file, never a torn one)."""
+        text = json.dumps({"version": _CONFIG_VERSION, "config": config.to_dict()}, indent=1)
+        target = directory / CONFIG
+        if not replace:
+            target.write_text(text)
+            return
+        draft = directory / f"{CONFIG}.{uuid.uuid4().hex}.tmp"
+        try:
+            with open(draft, "w") as f:
+                f.write(text)
+                if self._fsync != "never":
+                    f.flush()
+                    os.fsync(f.fileno())
+            os.replace(draft, target)
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(draft)
+        if self._fsync != "never":
+            fsync_directory(directory)
+
     def _create_directory(self, name: str, config: StreamConfig) -> None:
         """Create a stream atomically: build it in ``tmp/`` and rename it into place.
 
@@ -397,9 +505,7 @@ class SegmentLog(AbstractLog):
         staging = self.path / TMP / f"create-{uuid.uuid4().hex}"
         staging.mkdir()
         try:
-            (staging / CONFIG).write_text(
-                json.dumps({"version": _CONFIG_VERSION, "config": config.to_dict()}, indent=1)
-            )
+            self._write_config(staging, config, replace=False)
             (staging / STATE).write_bytes(StreamState().encode())
             (staging / segment_name(0, LOG_SUFFIX)).touch()
             if self._fsync != "never":
@@ -632,7 +738,7 @@ class SegmentStream(Stream):
                 name=self._name,
                 start_offset=start,
                 end_offset=snap.end_offset,
-                config=store.config,
+                config=self._log._read_config(self._name),  # maintenance settings may change
                 size_bytes=size_bytes,
                 details=details,
             )

@@ -1,7 +1,7 @@
 """The tiered-segment manifest of one stream: which segments live in object storage.
 
 KIP-405's remote log metadata, kept as one small file per stream directory
-(``tier.manifest``, specified in ``docs/format.md`` section 2.7). It lists the stream's
+(``tier.manifest``, specified in ``docs/format.md`` section 2.9). It lists the stream's
 tiered segments in offset order, each with its three objects (``.log``, ``.index``,
 ``.timeindex``), their sizes and CRC-32C, and a state:
 

@@ -3,6 +3,12 @@
 Both work on a :class:`~disklesslog.segments.store.Snapshot`, so a read sees the
 stream as it was when it started (records appended later wait for the next read) and
 never holds a lock while it decodes.
+
+Segment files are opened by path, and key compaction may have replaced one (or merged
+it into its predecessor) since the snapshot was taken: :meth:`Segment.open_log`
+notices, and the read goes on from the offset it reached with a fresh snapshot. The
+records from there on are the same, less those compaction removed. A file already
+open stays readable (POSIX keeps an unlinked or replaced inode alive).
 """
 
 from __future__ import annotations
@@ -13,12 +19,21 @@ from collections.abc import Iterator
 
 from ..errors import CorruptDataError, OffsetOutOfRange
 from ..records import RecordBatch
-from .segment import DECODE, Entry, Segment, iter_entries
+from .segment import DECODE, Entry, Segment, SegmentReplaced, iter_entries
 from .store import Snapshot, StreamStore
 
 __all__ = ["offset_for_time", "read_batches"]
 
 log = logging.getLogger("disklesslog")
+
+_MAX_STALE = 100
+"""Fresh snapshots a read takes in a row without progress before giving up: each means
+a compaction swap replaced a file between the snapshot and the open, so this many
+means something else keeps changing the files."""
+
+
+class _Stale(Exception):
+    """Internal: a segment file of the snapshot was replaced or removed."""
 
 
 def read_batches(
@@ -44,32 +59,72 @@ def read_batches(
 def _read(
     store: StreamStore, snap: Snapshot, lo: int, hi: int, remaining: int | None
 ) -> Iterator[RecordBatch]:
-    for seg, seg_end, end_pos in _segments_from(store, snap, lo):
-        if lo >= hi or remaining == 0:
+    stale = 0
+    while True:
+        try:
+            for seg, seg_end, end_pos in _segments_from(store, snap, lo):
+                if lo >= hi or remaining == 0:
+                    return
+                expected = None
+                for _, base, header, batch in _entries(store, seg, lo, end_pos):
+                    expected = base + header.span
+                    if batch is None:
+                        continue
+                    if base >= hi:
+                        return
+                    store.metrics.add("read_batches")
+                    part = batch.between(lo, hi)
+                    if remaining is not None:
+                        part = part.head(remaining)
+                        remaining -= len(part)
+                    if len(part):
+                        stale = 0
+                        yield part
+                    if remaining == 0:
+                        return
+                    lo = expected
+                _check_end(store, seg, seg_end, end_pos, expected, lo)
+                lo = max(lo, seg_end)
             return
-        expected = None
-        for _, base, header, batch in _entries(store, seg, lo, end_pos):
-            expected = base + header.span
-            if batch is None:
-                continue
-            if base >= hi:
-                return
-            store.metrics.add("read_batches")
-            part = batch.between(lo, hi)
-            if remaining is not None:
-                part = part.head(remaining)
-                remaining -= len(part)
-            if len(part):
-                yield part
-            if remaining == 0:
-                return
-            lo = expected
-        if expected is not None and expected != seg_end:
-            raise CorruptDataError(
-                f"entries end at offset {expected}, the segment should reach {seg_end}",
-                source=str(seg.log_path),
-            )
-        lo = max(lo, seg_end)
+        except _Stale as exc:
+            stale += 1
+            snap = _fresh_snapshot(store, stale, str(exc))
+            if lo < snap.start_offset:
+                raise OffsetOutOfRange(
+                    f"offset {lo} of {store.name!r} was trimmed while reading",
+                    start_offset=snap.start_offset,
+                    end_offset=snap.end_offset,
+                ) from None
+
+
+def _check_end(
+    store: StreamStore, seg: Segment, seg_end: int, end_pos: int, expected: int | None, lo: int
+) -> None:
+    """A segment's entries must reach its end offset (the next segment's base). Only a
+    compacted segment may have none at all; elsewhere an empty segment file that should
+    hold records is damage."""
+    if expected is not None and expected != seg_end:
+        raise CorruptDataError(
+            f"entries end at offset {expected}, the segment should reach {seg_end}",
+            source=str(seg.log_path),
+        )
+    if expected is None and not end_pos and seg_end > lo and not store.config.compacted:
+        raise CorruptDataError(
+            f"the segment is empty but should hold offsets up to {seg_end}",
+            source=str(seg.log_path),
+        )
+
+
+def _fresh_snapshot(store: StreamStore, attempts: int, path: str) -> Snapshot:
+    """The snapshot a read continues with after it found the segment file at ``path``
+    replaced or gone (``attempts`` times in a row)."""
+    if attempts > _MAX_STALE:
+        raise CorruptDataError(
+            f"segment files keep changing under the reader ({attempts} times in a row); "
+            "is something other than disklesslog modifying the stream directory?",
+            source=path,
+        )
+    return store.snapshot(fresh=True)
 
 
 def offset_for_time(store: StreamStore, timestamp: int) -> int | None:
@@ -77,8 +132,18 @@ def offset_for_time(store: StreamStore, timestamp: int) -> int | None:
 
     Segments are skipped by their max timestamp, the time index narrows the scan inside
     a segment, then batches are checked by their max timestamp, as Kafka's ListOffsets.
+    A segment file replaced meanwhile makes the lookup start again on a fresh snapshot.
     """
     snap = store.snapshot()
+    for attempt in range(1, _MAX_STALE + 2):
+        try:
+            return _offset_for_time(store, snap, timestamp)
+        except _Stale as exc:
+            snap = _fresh_snapshot(store, attempt, str(exc))
+    raise AssertionError("unreachable: _fresh_snapshot gives up first")
+
+
+def _offset_for_time(store: StreamStore, snap: Snapshot, timestamp: int) -> int | None:
     for seg, _, end_pos in _segments_from(store, snap, snap.start_offset):
         if seg.max_timestamp < timestamp:
             continue
@@ -104,7 +169,10 @@ def _segments_from(
         if seg_end <= offset:
             continue
         if index != last:
-            seg.ensure_indexes(store.config.max_batch_bytes)
+            try:
+                store.ensure_indexes(seg)
+            except (FileNotFoundError, SegmentReplaced):  # the rebuild found it changed
+                raise _Stale(str(seg.log_path)) from None
         yield seg, seg_end, end_pos
 
 
@@ -115,7 +183,7 @@ def _entries(store: StreamStore, seg: Segment, offset: int, end_pos: int) -> Ite
     read from its start instead, so a damaged index never fails a read of good data.
     """
     pos, base = seg.position_for(offset)
-    fd = _open_segment(store, seg, offset)
+    fd = _open_segment(seg)
     try:
         entries = _walk(store, fd, seg, pos, base, end_pos, offset)
         try:
@@ -149,14 +217,11 @@ def _walk(
     )
 
 
-def _open_segment(store: StreamStore, seg: Segment, offset: int) -> int:
+def _open_segment(seg: Segment) -> int:
+    """Open ``seg``'s file, or raise :class:`_Stale` if it is no longer the snapshot's:
+    deleted by a trim (the fresh snapshot then puts the read out of range), merged into
+    another segment or replaced by compaction (the read carries on)."""
     try:
-        return os.open(seg.log_path, os.O_RDONLY)
-    except FileNotFoundError:
-        # Deleted by a trim since the snapshot: the offset is now below the start.
-        snap = store.snapshot()
-        raise OffsetOutOfRange(
-            f"offset {offset} of {store.name!r} was trimmed while reading",
-            start_offset=snap.start_offset,
-            end_offset=snap.end_offset,
-        ) from None
+        return seg.open_log()
+    except (FileNotFoundError, SegmentReplaced):
+        raise _Stale(str(seg.log_path)) from None

@@ -5,16 +5,24 @@ by the absolute offset of its first record. Entries are contiguous: each base of
 is the previous one plus the previous batch's span, and the first equals the segment's
 base (its file name). Scanning checks that chain, so a damaged base offset is caught
 even though the CRC does not cover it.
+
+On a compacted stream a closed segment may hold fewer records than its span (batches
+rewritten with gaps) or none at all (an empty file): every record it covered was
+compacted away. A :class:`Segment` remembers the inode of its file, because
+compaction replaces closed segment files by renaming new ones over them; code that
+opens a segment by path checks it got the file it meant (:meth:`Segment.open_log`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import os
 import struct
 import threading
 from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
 from pathlib import Path
 
 from ..errors import CorruptDataError, IncompleteBatchError
@@ -31,7 +39,7 @@ from ..records import RecordBatch
 from .index import OFFSET_ENTRY, TIME_ENTRY, SparseIndex
 from .layout import INDEX_SUFFIX, LOG_SUFFIX, TIMEINDEX_SUFFIX, segment_name
 
-__all__ = ["ENTRY_PREFIX", "ENTRY_PREFIX_SIZE", "Segment", "iter_entries"]
+__all__ = ["ENTRY_PREFIX", "ENTRY_PREFIX_SIZE", "Segment", "SegmentReplaced", "iter_entries"]
 
 log = logging.getLogger("disklesslog")
 
@@ -45,6 +53,12 @@ _LAST_DELTA_AT = PREFIX_SIZE + 2 + 4  # inside the tail: after attributes and re
 NO_TIMESTAMP = -1
 
 Entry = tuple[int, int, BatchHeader, RecordBatch | None]
+
+
+class SegmentReplaced(Exception):
+    """Internal: the file at a segment's path is not the one this :class:`Segment`
+    describes (compaction renamed a new file over it, or merged it into another and
+    deleted it). The caller takes a fresh snapshot and carries on from where it was."""
 
 
 PEEK, CHECK, DECODE = "peek", "check", "decode"
@@ -131,11 +145,13 @@ class Segment:
     __slots__ = (
         "_load_lock",
         "base",
+        "compacted",
         "end_offset",
         "first_timestamp",
         "index",
         "index_interval",
         "indexes_loaded",
+        "inode",
         "last_entry_base",
         "log_path",
         "max_timestamp",
@@ -143,9 +159,15 @@ class Segment:
         "timeindex",
     )
 
-    def __init__(self, directory: Path, base: int, index_interval: int) -> None:
+    def __init__(
+        self, directory: Path, base: int, index_interval: int, *, compacted: bool = False
+    ) -> None:
         self.base = base
         self.index_interval = index_interval
+        self.compacted = compacted
+        """Whether the stream is compacted: the segment, once closed, may be sparse or empty."""
+        self.inode = 0
+        """The inode of the ``.log`` file this object describes (0: not known yet)."""
         self.log_path = directory / segment_name(base, LOG_SUFFIX)
         self.index = SparseIndex(directory / segment_name(base, INDEX_SUFFIX), OFFSET_ENTRY)
         self.timeindex = SparseIndex(directory / segment_name(base, TIMEINDEX_SUFFIX), TIME_ENTRY)
@@ -240,8 +262,27 @@ class Segment:
         rel, pos = entry
         return pos, self.base + rel
 
-    def ensure_indexes(self, max_batch_bytes: int) -> None:
-        """Load a closed segment's indexes, rebuilding them if they are missing or bad."""
+    def open_log(self) -> int:
+        """Open the ``.log`` file for reading and check it is the file this object
+        describes. Raises :class:`SegmentReplaced` if compaction put another file at
+        the path, ``FileNotFoundError`` if none is there (trimmed, or merged away)."""
+        fd = os.open(self.log_path, os.O_RDONLY)
+        if self.inode and os.fstat(fd).st_ino != self.inode:
+            os.close(fd)
+            raise SegmentReplaced(str(self.log_path))
+        return fd
+
+    def ensure_indexes(
+        self,
+        max_batch_bytes: int,
+        exclusive: Callable[[], AbstractContextManager[object]] = contextlib.nullcontext,
+    ) -> None:
+        """Load a closed segment's indexes, rebuilding them if they are missing or bad.
+
+        A rebuild writes the index files by path, so it runs inside ``exclusive()``
+        (the stream lock): no compaction swap can rename new index files into place
+        between its check of the segment file and its writes.
+        """
         if self.indexes_loaded:
             return
         with self._load_lock:
@@ -253,28 +294,34 @@ class Segment:
             )
             missing = self.size > self.index_interval and not self.index.path.exists()
             if not ok or missing or (self.size and not len(self.timeindex)):
-                self.rebuild_indexes(max_batch_bytes)
+                with exclusive():
+                    self.rebuild_indexes(max_batch_bytes)
             last_time = self.timeindex.last
             self.max_timestamp = last_time[0] if last_time else NO_TIMESTAMP
             self.indexes_loaded = True
 
     def rebuild_indexes(self, max_batch_bytes: int) -> None:
-        """Recreate both index files of a closed segment from a full scan."""
+        """Recreate both index files of a closed segment from a full scan.
+
+        The entries must reach the next segment's base, except that a compacted
+        segment may be empty (every record it covered was compacted away).
+        """
+        fd = self.open_log()
         log.warning("rebuilding the indexes of %s", self.log_path)
         self.index.clear()
         self.timeindex.clear()
         expected_end, size = self.end_offset, self.size
         self.size, self.end_offset, self.max_timestamp = 0, self.base, NO_TIMESTAMP
-        fd = os.open(self.log_path, os.O_RDONLY)
         try:
             self.walk(fd, size, mode=CHECK, max_batch_bytes=max_batch_bytes, persist=False)
         finally:
             os.close(fd)
-        if self.end_offset != expected_end:
+        if self.end_offset != expected_end and not (self.compacted and self.size == 0):
             raise CorruptDataError(
                 f"segment ends at offset {self.end_offset}, the next one starts at {expected_end}",
                 source=str(self.log_path),
             )
+        self.end_offset = expected_end
         self.seal(persist=False)
         self.index.rewrite()
         self.timeindex.rewrite()

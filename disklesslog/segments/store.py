@@ -11,6 +11,11 @@ Readers never take the lock on the normal path: they see complete entries only (
 short entry at the tail is "not yet written"), and escalate to the lock only when the
 tail looks damaged, because only a lock holder may decide that bytes are garbage left
 by a crash and truncate them.
+
+Key compaction replaces closed segment files under the lock (:mod:`.swap`). A
+lock-free reader therefore lists the directory only while no swap is under way, and
+checks afterwards that the state record did not change while it looked; on compacted
+streams a cached :class:`Segment` is reused only while its file has the same inode.
 """
 
 from __future__ import annotations
@@ -32,9 +37,12 @@ from ..config import StreamConfig
 from ..errors import CorruptDataError, IncompleteBatchError, LogClosedError, OffsetOutOfRange
 from ..format import TAIL, EncodedBatch
 from ..metrics import Metrics
+from . import swap
 from .layout import (
     FLAG_DELETED,
+    FLAG_SWAPPING,
     INDEX_SUFFIX,
+    INTENT,
     LOG_SUFFIX,
     STATE,
     STATE_SIZE,
@@ -102,7 +110,7 @@ class StreamStore:
         self._active_fd = -1
         self._state = StreamState()
         self._state_raw = b""
-        self._lock_held = False  # inside exclusive(): _locked() must not lock or unlock
+        self._lock_held = False  # _locked() is reentrant (see there)
         try:
             self._lock_fd = os.open(directory / STATE, os.O_RDWR)
         except FileNotFoundError:
@@ -117,35 +125,32 @@ class StreamStore:
     # --------------------------------------------------------------- helpers
 
     @contextlib.contextmanager
+    def locked(self) -> Iterator[None]:
+        """Hold this stream's lock (this process's mutex and the file lock), for a change
+        that appends, trims and compactions in any process must not interleave with."""
+        with self._mutex, self._locked():
+            yield
+
+    @contextlib.contextmanager
     def _locked(self) -> Iterator[None]:
-        if self._lock_held:  # within exclusive(), by the thread holding the mutex
+        # Reentrant, so that trim() may run inside locked() (tiering moves the manifest
+        # and the start offset under one hold). Every caller holds the mutex, so the
+        # flag is only ever seen by the thread that set it.
+        if self._lock_held:
             yield
             return
         fcntl.flock(self._lock_fd, fcntl.LOCK_EX)
+        self._lock_held = True
         try:
             yield
         finally:
+            self._lock_held = False
             fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
 
-    @contextlib.contextmanager
-    def exclusive(self) -> Iterator[None]:
-        """Hold the stream lock, caught up with other processes, for files kept beside
-        the state record that must change in step with it (the tiered-segment manifest,
-        :mod:`~disklesslog.segments.manifest`). :meth:`trim` and :meth:`snapshot` may be
-        called inside; other threads of this process wait, so keep it short (no network).
-        """
-        with self._mutex:
-            self._check_open()
-            if self._lock_held:  # nested
-                yield
-                return
-            with self._locked():
-                self._lock_held = True
-                try:
-                    self._refresh(locked=True)
-                    yield
-                finally:
-                    self._lock_held = False
+    @property
+    def durable(self) -> bool:
+        """Whether the fsync policy syncs at all (anything but ``"never"``)."""
+        return self._fsync != "never"
 
     @property
     def _active(self) -> Segment:
@@ -170,7 +175,12 @@ class StreamStore:
         )
 
     def _new_segment(self, base: int) -> Segment:
-        return Segment(self.directory, base, self.config.index_interval_bytes)
+        return Segment(
+            self.directory,
+            base,
+            self.config.index_interval_bytes,
+            compacted=self.config.compacted,
+        )
 
     def _remove_segment_files(self, base: int) -> None:
         for suffix in (LOG_SUFFIX, INDEX_SUFFIX, TIMEINDEX_SUFFIX):
@@ -212,6 +222,8 @@ class StreamStore:
             )
         if state.deleted:
             raise StreamGone(self.name)
+        state = self._recover_swap(state)
+        bases = list_segments(self.directory)
         for base in bases:
             if base > state.active_segment:
                 log.warning(
@@ -233,6 +245,24 @@ class StreamStore:
             sync=self._fsync != "never",
         )
 
+    def _recover_swap(self, state: StreamState) -> StreamState:
+        """Finish a compaction swap a crash interrupted (its intent is present), or
+        delete the draft of a crashed compactor (no intent); returns the state with
+        the swapping flag cleared and a new generation if a swap was finished."""
+        sync = self._fsync != "never"
+        intent = swap.read_intent(self.directory)
+        if intent is None:
+            swap.discard_draft(self.directory)
+            if not state.swapping:
+                return state
+        else:
+            log.warning("stream %r: finishing an interrupted compaction swap", self.name)
+            if not swap.finish(self.directory, intent, sync=sync):
+                log.warning("stream %r: rolled the compaction swap back", self.name)
+            swap.remove_intent(self.directory, sync=sync)
+            swap.drop_staging(self.directory)
+        return replace(state, generation=state.generation + 1, flags=state.flags & ~FLAG_SWAPPING)
+
     def _install(
         self, state: StreamState, raw: bytes, closed: list[Segment], active: Segment, fd: int
     ) -> None:
@@ -245,28 +275,35 @@ class StreamStore:
         self._state, self._state_raw = state, raw
 
     def _closed_segments(
-        self, bases: list[int], state: StreamState, *, locked: bool
+        self, bases: list[int], state: StreamState, *, locked: bool, verify: bool = False
     ) -> list[Segment]:
         """Segment objects for every segment but the last (active) one of ``bases``,
         skipping those wholly below the start offset. Each ends where the next starts.
 
-        A segment that vanishes meanwhile was trimmed by another process after this one
-        read the state; without the lock that means "look again, with the lock".
+        Known segments are reused; on a compacted stream (or with ``verify``) only
+        while their file is still the same (inode and size), since compaction renames
+        new files over old ones. A segment that vanishes meanwhile was trimmed (or
+        merged away) by another process after this one read the state; without the
+        lock that means "look again, with the lock".
         """
         known = {seg.base: seg for seg in self._segments[:-1]}
+        check = verify or self.config.compacted
         segments = []
         for base, next_base in itertools.pairwise(bases):
             if next_base <= state.start_offset:
                 continue
             seg = known.get(base)
+            if seg is not None and check and _file_identity(seg.log_path) != (seg.inode, seg.size):
+                seg = None
             if seg is None:
                 seg = self._new_segment(base)
                 try:
-                    seg.size = os.stat(seg.log_path).st_size
+                    stat = os.stat(seg.log_path)
                 except FileNotFoundError:
                     if locked:
                         raise
                     raise _NeedsLock from None
+                seg.size, seg.inode = stat.st_size, stat.st_ino
             seg.end_offset = next_base
             segments.append(seg)
         return segments
@@ -291,6 +328,7 @@ class StreamStore:
         seg = self._new_segment(state.active_segment)
         fd = os.open(seg.log_path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
         try:
+            seg.inode = os.fstat(fd).st_ino
             size = os.lseek(fd, 0, os.SEEK_END)
             rp, rp_offset = self._recovery_point(state, seg.base)
             if rp > size:
@@ -416,6 +454,11 @@ class StreamStore:
                 return
             if state.deleted:
                 raise StreamGone(self.name)
+            if state.swapping:  # a compaction swap, under way or crashed
+                if not locked:
+                    raise _NeedsLock
+                self._recover()
+                return
             if state.generation != self._state.generation:
                 self._reload(state, raw, locked=locked)
                 return
@@ -436,16 +479,27 @@ class StreamStore:
         active.index.refresh(max_key=rel_end, max_value=active.size - 1)
         active.timeindex.refresh(max_key=_MAX_TS, max_value=rel_end)
 
-    def _reload(self, state: StreamState, raw: bytes, *, locked: bool) -> None:
-        """Re-list the segments after a roll, trim or truncation by another process."""
+    def _reload(
+        self, state: StreamState, raw: bytes, *, locked: bool, verify: bool = False
+    ) -> None:
+        """Re-list the segments after a roll, trim, truncation or compaction swap by
+        another process (``verify``: check every known segment's file is unchanged).
+
+        Without the lock the listing is trusted only if the state record read before
+        it is still there after it: any change (a roll, trim or swap that began
+        meanwhile) sends the caller to the lock.
+        """
         bases = [base for base in list_segments(self.directory) if base <= state.active_segment]
         if not bases or bases[-1] != state.active_segment:  # only recovery may repair this
             if not locked:
                 raise _NeedsLock
             self._recover()
             return
-        closed = self._closed_segments(bases, state, locked=locked)
+        closed = self._closed_segments(bases, state, locked=locked, verify=verify)
         active, fd, _ = self._open_active(state, recovering=False, locked=locked)
+        if not locked and os.pread(self._lock_fd, STATE_SIZE, 0) != raw:
+            os.close(fd)
+            raise _NeedsLock
         self._install(state, raw, closed, active, fd)
 
     def _refresh_unlocked(self) -> None:
@@ -572,6 +626,8 @@ class StreamStore:
             os.O_RDWR | os.O_APPEND | os.O_CREAT,
             0o644,
         )
+        new = self._new_segment(new_base)
+        new.inode = os.fstat(fd).st_ino
         if durable:
             fsync_directory(self.directory)
         # The state names the new active segment only once its file exists; a crash in
@@ -589,7 +645,7 @@ class StreamStore:
         os.close(self._active_fd)
         self._active_fd = fd
         old.indexes_loaded = True
-        self._segments.append(self._new_segment(new_base))
+        self._segments.append(new)
 
     def trim(self, before: int) -> None:
         """Move the start offset to ``before`` and delete segments wholly below it."""
@@ -687,13 +743,107 @@ class StreamStore:
 
     # ---------------------------------------------------------------- reading
 
-    def snapshot(self) -> Snapshot:
-        """The current extent and segments, after catching up with other processes."""
+    def snapshot(self, *, fresh: bool = False) -> Snapshot:
+        """The current extent and segments, after catching up with other processes.
+
+        ``fresh`` (for a reader that found a segment file replaced or gone) re-lists
+        the directory under the lock and checks every known segment's file.
+        """
         with self._mutex:
             self._check_open()
-            self._refresh_unlocked()
+            if fresh:
+                with self._locked():
+                    self._refresh(locked=True)
+                    self._reload(self._state, self._state_raw, locked=True, verify=True)
+            else:
+                self._refresh_unlocked()
             segments = [(seg, seg.size) for seg in self._segments]
             return Snapshot(self._state.start_offset, self._active.end_offset, segments)
+
+    def ensure_indexes(self, seg: Segment) -> None:
+        """Load a closed segment's indexes; a rebuild runs under the stream lock."""
+        seg.ensure_indexes(self.config.max_batch_bytes, self._exclusive)
+
+    @contextlib.contextmanager
+    def _exclusive(self) -> Iterator[None]:
+        with self._mutex, self._locked():
+            yield
+
+    # ------------------------------------------------------------- compaction
+
+    def recover_swap(self) -> None:
+        """Finish (or roll back) a compaction swap a crashed process left, now rather
+        than at the next open: a compactor calls this before its pass."""
+        with self._mutex:
+            self._check_open()
+            with self._locked():
+                if self._state.swapping or (self.directory / INTENT).exists():
+                    self._recover()
+                else:
+                    self._refresh(locked=True)
+
+    def replace_segments(self, intent: swap.Intent) -> bool:
+        """Swap staged compacted segments in for closed ones (``docs/format.md`` 2.7).
+
+        Under the stream lock: check every segment ``intent`` replaces is still the
+        file the compactor read (retention may have deleted it meanwhile: then return
+        ``False`` and change nothing); write the intent (the commit point); flag the
+        state record so lock-free readers wait; rename, unlink, sync, move the
+        checkpoint (:func:`swap.finish`); clear the flag with a new generation, so
+        every process re-lists the segments; remove the intent. Also ``False`` if a
+        staged file vanished before anything was renamed (the swap is rolled back).
+        """
+        sync = self._fsync != "never"
+        with self._mutex:
+            self._check_open()
+            with self._locked():
+                self._refresh(locked=True)
+                active = self._state.active_segment
+                for old in intent.replaced:
+                    path = self.directory / segment_name(old.base, LOG_SUFFIX)
+                    if old.base >= active or _file_identity(path) != (old.inode, old.size):
+                        return False
+                swap.write_intent(self.directory, intent, sync=sync)
+                swap.crash_point("intent")
+                try:
+                    state = self._state
+                    self._write_state(
+                        replace(
+                            state,
+                            generation=state.generation + 1,
+                            flags=state.flags | FLAG_SWAPPING,
+                        )
+                    )
+                    swap.crash_point("flagged")
+                    done = swap.finish(self.directory, intent, sync=sync)
+                    state = self._state
+                    self._write_state(
+                        replace(
+                            state,
+                            generation=state.generation + 1,
+                            flags=state.flags & ~FLAG_SWAPPING,
+                        ),
+                        sync=sync,
+                    )
+                    swap.crash_point("state")
+                    swap.remove_intent(self.directory, sync=sync)
+                    swap.crash_point("intent-removed")
+                    self._reload(self._state, self._state_raw, locked=True)
+                except BaseException:
+                    # Whatever happened, the intent decides: the next look at the state
+                    # record (here or in any process) recovers, finishing the swap.
+                    self._state_raw = b""
+                    raise
+                return done
+
+
+def _file_identity(path: Path) -> tuple[int, int]:
+    """``(inode, size)`` of a file, ``(0, -1)`` if there is none."""
+    try:
+        stat = os.stat(path)
+    except FileNotFoundError:
+        return 0, -1
+    return stat.st_ino, stat.st_size
 
 
 def _first_max_timestamp(fd: int) -> int:

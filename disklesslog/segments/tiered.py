@@ -38,7 +38,7 @@ from ..records import RecordBatch
 from . import reader
 from .index import OFFSET_ENTRY, TIME_ENTRY
 from .manifest import Manifest, ManifestCache, TieredObject, TieredSegment
-from .segment import DECODE, Entry, iter_entries
+from .segment import DECODE, Entry, SegmentReplaced, iter_entries
 from .store import Snapshot, StreamStore
 from .tier import Tier
 
@@ -46,6 +46,8 @@ __all__ = ["TieredReader", "View", "local_units", "make_view"]
 
 log = logging.getLogger("disklesslog")
 
+_RETRIES = 20
+"""Fresh snapshots a retention pass takes while compaction keeps replacing segments."""
 _INDEX_MEMO = 256
 """Parsed index objects kept per log (they are immutable; a few KiB each)."""
 
@@ -222,8 +224,9 @@ class TieredReader:
     def offset_for_time(self, store: StreamStore, timestamp: int) -> int | None:
         """First offset whose record timestamp is >= ``timestamp`` (Kafka's rule): tiered
         segments are skipped by their max timestamp and narrowed with their time index,
-        then the local part answers."""
-        for _ in range(3):
+        then the local part answers. If local copies were deleted meanwhile (the local
+        start moved), the answer may have skipped them: it looks again."""
+        for _ in range(_RETRIES):
             v = self.view(store)
             for seg in v.tiered:
                 if seg.max_timestamp < timestamp:
@@ -235,11 +238,13 @@ class TieredReader:
                     for offset, ts in zip(batch.offsets, batch.timestamps):
                         if ts >= timestamp:
                             return offset
-            try:
-                return reader.offset_for_time(store, timestamp)
-            except OffsetOutOfRange:
-                continue  # local copies deleted meanwhile: look again
-        return reader.offset_for_time(store, timestamp)
+            found = reader.offset_for_time(store, timestamp)
+            if store.snapshot().start_offset == v.local_start:
+                return found
+        raise CorruptDataError(
+            "the local start keeps moving while offset_for_time runs",
+            source=str(store.directory),
+        )
 
     def retention_units(self, store: StreamStore) -> tuple[list[Unit], int]:
         """Tiered segments below the local start, then the local closed segments, and
@@ -306,11 +311,18 @@ def make_view(snap: Snapshot, manifest: Manifest | None) -> View:
 
 def local_units(store: StreamStore, snap: Snapshot) -> tuple[list[Unit], int]:
     """Retention units of the local part: its closed segments from the local start, and
-    the active segment's size."""
-    found = []
-    for seg, size in snap.segments[:-1]:
-        if seg.end_offset <= snap.start_offset:
-            continue
-        seg.ensure_indexes(store.config.max_batch_bytes)
-        found.append(Unit(seg.base, seg.end_offset, size, seg.max_timestamp))
-    return found, snap.segments[-1][1]
+    the active segment's size. A segment file compaction replaced meanwhile makes it
+    look again with a fresh snapshot."""
+    for _ in range(_RETRIES):
+        try:
+            found = []
+            for seg, size in snap.segments[:-1]:
+                if seg.end_offset > snap.start_offset:
+                    store.ensure_indexes(seg)
+                    found.append(Unit(seg.base, seg.end_offset, size, seg.max_timestamp))
+            return found, snap.segments[-1][1]
+        except (SegmentReplaced, FileNotFoundError):
+            snap = store.snapshot(fresh=True)
+    raise CorruptDataError(
+        "segment files keep changing while retention reads them", source=str(store.directory)
+    )

@@ -36,9 +36,11 @@ import contextlib
 import dataclasses
 import os
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from ..config import StreamConfig
 from ..errors import ConfigError, CorruptDataError, OffsetOutOfRange
 from ..format import crc32c
 from ..maintenance.report import MaintenanceReport, Progress
@@ -48,7 +50,7 @@ from .index import OFFSET_ENTRY, TIME_ENTRY
 from .layout import STREAMS
 from .manifest import COPYING, TIERED, Manifest, TieredObject, TieredSegment
 from .segment import CHECK, Segment
-from .store import StreamStore
+from .store import Snapshot, StreamStore
 from .tier import STREAMS_PREFIX, Tier
 from .tiered import TieredReader, local_units, make_view
 
@@ -103,9 +105,13 @@ def _now_ms() -> int:
     return int(time.time() * 1000)
 
 
-def _durable(store: StreamStore) -> bool:
-    """Whether manifest writes are fsynced: unless the log's policy is ``"never"``."""
-    return store._fsync != "never"
+@contextlib.contextmanager
+def _locked(store: StreamStore) -> Iterator[Snapshot]:
+    """Hold the stream lock, caught up with other processes: the only place the manifest
+    changes. Yields the current snapshot; a stream deleted meanwhile raises (its
+    directory may already hold a new stream of the same name)."""
+    with store.locked():
+        yield store.snapshot()
 
 
 def _keys(name: str, incarnation: str, prepared: _Prepared) -> tuple[str, str, str]:
@@ -134,7 +140,7 @@ def tier_stream(
     report = MaintenanceReport(_TASK, dry_run=dry_run)
 
     def run(store: StreamStore) -> None:
-        config = store.config
+        config = log._read_config(name)  # local_retention_* may be altered at any time
         if config.compacted:
             report.skipped.append(
                 f"{name}: cleanup_policy={config.cleanup_policy!r}: compacted streams are "
@@ -142,7 +148,9 @@ def tier_stream(
             )
             return
         planned = _copy_segments(store, tiered, name, report, dry_run=dry_run, tally=tally)
-        _delete_local_copies(store, name, report, dry_run=dry_run, now_ms=now_ms, planned=planned)
+        _delete_local_copies(
+            store, config, name, report, dry_run=dry_run, now_ms=now_ms, planned=planned
+        )
 
     log._with_store(name, run, create=False)
     return report
@@ -292,9 +300,8 @@ def _begin_copy(store: StreamStore, name: str, prepared: _Prepared) -> TieredSeg
     """Record the segment as ``copying`` (step 2). Returns its manifest entry (already
     ``tiered`` if another run finished it), or ``None`` when it cannot be tiered now
     (trimmed meanwhile, or not next to the tiered ones)."""
-    sync = _durable(store)
-    with store.exclusive():
-        local_start = store.snapshot().start_offset
+    with _locked(store) as snap:
+        local_start = snap.start_offset
         if prepared.end <= local_start:
             return None
         manifest = manifests.load(store.directory) or Manifest.new(name)
@@ -315,13 +322,13 @@ def _begin_copy(store: StreamStore, name: str, prepared: _Prepared) -> TieredSeg
         if not manifest.segments:
             manifest.start_offset = max(manifest.start_offset, local_start)
         manifest.segments.append(entry)
-        manifests.save(store.directory, manifest, sync=sync)
+        manifests.save(store.directory, manifest, sync=store.durable)
         return entry
 
 
 def _finish_copy(store: StreamStore, entry: TieredSegment) -> bool:
     """Mark a verified upload ``tiered`` (step 4); False if the entry is gone."""
-    with store.exclusive():
+    with _locked(store):
         manifest = manifests.load(store.directory)
         if manifest is None:
             return False
@@ -331,13 +338,14 @@ def _finish_copy(store: StreamStore, entry: TieredSegment) -> bool:
                     manifest.segments[i] = dataclasses.replace(
                         seg, state=TIERED, since_ms=_now_ms()
                     )
-                    manifests.save(store.directory, manifest, sync=_durable(store))
+                    manifests.save(store.directory, manifest, sync=store.durable)
                 return True
         return False
 
 
 def _delete_local_copies(
     store: StreamStore,
+    config: StreamConfig,
     name: str,
     report: MaintenanceReport,
     *,
@@ -347,16 +355,14 @@ def _delete_local_copies(
 ) -> None:
     """Delete the local copies of verified tiered segments that local retention lets go,
     by moving the state record's start offset (the local start) past them."""
-    config = store.config
     snap = store.snapshot()
     units, tail = local_units(store, snap)
     found = retention_point(units, tail, config, now_ms, limits=config.local_limits())
     if found is None:
         return
     point, _, _, reason = found
-    with store.exclusive() if not dry_run else contextlib.nullcontext():
+    with contextlib.nullcontext(store.snapshot()) if dry_run else _locked(store) as snap:
         manifest = manifests.load(store.directory)
-        snap = store.snapshot()
         local_start = snap.start_offset
         tiered_end = manifest.tiered_end() if manifest is not None else None
         if manifest is not None and manifest.start_offset > local_start:
@@ -388,9 +394,8 @@ def trim_stream(store: StreamStore, before: int) -> list[TieredSegment]:
     start offset moves first, then the local one: a crash in between leaves the trim
     undone locally, never tiered records visible again. Returns the tiered segments
     that left the stream (their objects are garbage now)."""
-    with store.exclusive():
+    with _locked(store) as snap:
         manifest = manifests.load(store.directory)
-        snap = store.snapshot()
         if before > snap.end_offset:
             start = make_view(snap, manifest).start_offset
             raise OffsetOutOfRange(
@@ -401,7 +406,7 @@ def trim_stream(store: StreamStore, before: int) -> list[TieredSegment]:
         gone: list[TieredSegment] = []
         if manifest is not None and before > manifest.start_offset:
             gone = manifest.trim(before, _now_ms())
-            manifests.save(store.directory, manifest, sync=_durable(store))
+            manifests.save(store.directory, manifest, sync=store.durable)
         store.trim(before)
     return gone
 
@@ -465,12 +470,12 @@ def _collect_doomed(
     deleted = {item.key for item in due}
 
     def forget(store: StreamStore) -> None:
-        with store.exclusive():
+        with _locked(store):
             current = manifests.load(store.directory)
             if current is None:
                 return
             current.garbage = [item for item in current.garbage if item.key not in deleted]
-            manifests.save(store.directory, current, sync=_durable(store))
+            manifests.save(store.directory, current, sync=store.durable)
 
     log._with_store(name, forget, create=False)
 

@@ -117,6 +117,12 @@ class Sequencer(ABC):
         is (with its existing config if it existed). Idempotent."""
 
     @abstractmethod
+    def alter_stream(self, name: str, changes: Mapping[str, Any]) -> StreamMeta:
+        """Merge ``changes`` into the stored config of an existing stream, atomically (two
+        processes changing different settings at once both take effect); the caller
+        validated them. Returns the stream as it now is. StreamNotFound."""
+
+    @abstractmethod
     def delete_stream(self, name: str) -> None:
         """Delete a stream, its batches and its producer state; objects left without a
         live batch become garbage. Raises StreamNotFound."""

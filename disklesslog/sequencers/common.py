@@ -31,6 +31,7 @@ __all__ = [
     "check_old_ids",
     "check_position",
     "config_copy",
+    "merged_config",
     "not_contiguous",
     "out_of_range",
     "plan_commit",
@@ -114,6 +115,14 @@ def config_copy(config: Mapping[str, Any]) -> tuple[dict[str, Any], str]:
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"a stream config must be JSON-serialisable: {exc}") from None
     return json.loads(text), text
+
+
+def merged_config(stored: str, changes: Mapping[str, Any]) -> str:
+    """A stored config (JSON text) with ``changes`` applied, as JSON text."""
+    config, _ = config_copy(changes)
+    current = json.loads(stored)
+    current.update(config)
+    return json.dumps(current, sort_keys=True)
 
 
 @dataclass

@@ -50,6 +50,7 @@ from .common import (
     check_old_ids,
     check_position,
     config_copy,
+    merged_config,
     not_contiguous,
     out_of_range,
     plan_commit,
@@ -142,6 +143,14 @@ class MemorySequencer(Sequencer):
                 stream = _Stream(self._next_stream_id, name, stored)
                 self._next_stream_id += 1
                 self._streams[name] = stream
+            return _meta(stream)
+
+    def alter_stream(self, name: str, changes: Mapping[str, Any]) -> StreamMeta:
+        validate_stream_name(name)
+        config_copy(changes)  # checked before anything changes
+        with self._lock:
+            stream = self._stream(name)
+            stream.config = merged_config(stream.config, changes)
             return _meta(stream)
 
     def delete_stream(self, name: str) -> None:

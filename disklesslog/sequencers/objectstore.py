@@ -149,7 +149,7 @@ class ObjectStoreSequencer(Sequencer):
         clock: Clock = time.time,
         checkpoint_every: int = 100,
         entry_retention_seconds: float = 600.0,
-        max_attempts: int = 100,
+        max_attempts: int = 300,
     ) -> None:
         if type(checkpoint_every) is not int or checkpoint_every < 1:
             raise ConfigError("checkpoint_every must be an int >= 1")
@@ -237,6 +237,12 @@ class ObjectStoreSequencer(Sequencer):
         validate_stream_name(name)
         _, text = config_copy(config)
         result: StreamMeta = self._submit(["create_stream", name, text])
+        return result
+
+    def alter_stream(self, name: str, changes: Mapping[str, Any]) -> StreamMeta:
+        validate_stream_name(name)
+        _, text = config_copy(changes)
+        result: StreamMeta = self._submit(["alter_stream", name, text])
         return result
 
     def delete_stream(self, name: str) -> None:
@@ -675,6 +681,12 @@ def _create_stream(state: MemorySequencer, name: str, config: str) -> StreamMeta
     return state.create_stream(name, json.loads(config))
 
 
+def _alter_stream(state: MemorySequencer, name: str, changes: str) -> StreamMeta:
+    import json  # noqa: PLC0415 - only on stream changes
+
+    return state.alter_stream(name, json.loads(changes))
+
+
 def _replace(state: MemorySequencer, stream: str, ids: list[int], news: list[list[Any]]) -> bool:
     return state.replace_batches(stream, ids, [BatchLocation(0, *row) for row in news])
 
@@ -682,6 +694,7 @@ def _replace(state: MemorySequencer, stream: str, ids: list[int], news: list[lis
 _OPS: dict[str, Callable[..., Any]] = {
     "commit": _commit,
     "create_stream": _create_stream,
+    "alter_stream": _alter_stream,
     "delete_stream": MemorySequencer.delete_stream,
     "init_producer": MemorySequencer.init_producer,
     "record_orphan": MemorySequencer.record_orphan,

@@ -115,6 +115,7 @@ from .common import (
     check_old_ids,
     check_position,
     config_copy,
+    merged_config,
     not_contiguous,
     out_of_range,
     plan_commit,
@@ -252,6 +253,11 @@ class _Queries:
     list_streams: str = "SELECT name FROM {s}.streams ORDER BY name"
     create_stream: str = (
         "INSERT INTO {s}.streams (name, config) VALUES (%s, %s) ON CONFLICT (name) DO NOTHING"
+        " RETURNING id, start_offset, end_offset, config"
+    )
+    lock_stream_config: str = "SELECT config FROM {s}.streams WHERE name = %s FOR UPDATE"
+    alter_stream: str = (
+        "UPDATE {s}.streams SET config = %s WHERE name = %s"
         " RETURNING id, start_offset, end_offset, config"
     )
     delete_stream: str = (
@@ -841,6 +847,21 @@ class PostgresSequencer(Sequencer):
                     return StreamMeta(name, row[1], row[2], json.loads(row[3]))
 
         return self._call(work)
+
+    def alter_stream(self, name: str, changes: Mapping[str, Any]) -> StreamMeta:
+        validate_stream_name(name)
+        config_copy(changes)  # checked before anything changes
+
+        def work(conn: Connection) -> StreamMeta:
+            stored = conn.execute(self._q.lock_stream_config, (name,)).fetchone()
+            if stored is None:
+                raise StreamNotFound(f"stream {name!r} does not exist")
+            text = merged_config(stored[0], changes)
+            row = conn.execute(self._q.alter_stream, (text, name)).fetchone()
+            assert row is not None  # locked above
+            return StreamMeta(name, row[1], row[2], json.loads(row[3]))
+
+        return self._call(work, transaction=True)
 
     def delete_stream(self, name: str) -> None:
         validate_stream_name(name)

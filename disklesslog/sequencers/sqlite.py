@@ -83,6 +83,7 @@ from .common import (
     check_old_ids,
     check_position,
     config_copy,
+    merged_config,
     not_contiguous,
     out_of_range,
     plan_commit,
@@ -536,6 +537,15 @@ class SqliteSequencer(Sequencer):
         _, text = config_copy(config)
         with self._transaction(_WRITE) as db:
             db.execute("INSERT OR IGNORE INTO streams (name, config) VALUES (?, ?)", (name, text))
+            return _meta(name, self._stream_row(db, name))
+
+    def alter_stream(self, name: str, changes: Mapping[str, Any]) -> StreamMeta:
+        validate_stream_name(name)
+        config_copy(changes)  # checked before anything changes
+        with self._transaction(_WRITE) as db:
+            stored = self._stream_row(db, name)[3]  # StreamNotFound
+            text = merged_config(stored, changes)
+            db.execute("UPDATE streams SET config = ? WHERE name = ?", (text, name))
             return _meta(name, self._stream_row(db, name))
 
     def delete_stream(self, name: str) -> None:

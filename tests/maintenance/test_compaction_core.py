@@ -14,6 +14,7 @@ from disklesslog.maintenance.compaction import (
     KeyMap,
     dirty_ratio,
     encode_piece,
+    payload_bytes,
     retile,
     survivors,
 )
@@ -114,3 +115,16 @@ def test_dirty_ratio() -> None:
     assert dirty_ratio(0, 0) == 0.0
     assert dirty_ratio(0, 10) == 1.0
     assert dirty_ratio(30, 10) == 0.25
+
+
+def test_pieces_count_headers_toward_their_size() -> None:
+    """Records with small values but large headers still make batches within the
+    target size (headers count like keys and values)."""
+    n = 40
+    headers = [(("h", b"x" * 500),)] * n
+    records = RecordBatch(range(n), [0] * n, [b"k%d" % i for i in range(n)], [b"v"] * n, headers)
+    pieces = retile(0, n, [records], target_bytes=2048)
+    assert len(pieces) >= n * 500 // 2048
+    assert all(payload_bytes(p.records) <= 2048 or len(p.records) == 1 for p in pieces)
+    assert [o for p in pieces for o in p.records.offsets] == list(range(n))
+    assert payload_bytes(records) > n * 500

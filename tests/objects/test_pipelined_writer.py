@@ -18,12 +18,19 @@ import fsspec
 import pytest
 
 import disklesslog
-from disklesslog import DisklessLogError, OutOfOrderSequence, ProducerFenced
+from disklesslog import DisklessLogError, OutOfOrderSequence, ProducerFenced, SequencerConflict
 from disklesslog.errors import ConfigError
 from disklesslog.objects.writer import COMMIT_ATTEMPTS, ObjectWriter
 from disklesslog.sequencers.base import BatchToCommit, CommitResult
 from disklesslog.sequencers.memory import MemorySequencer
 from disklesslog.sequencers.objectstore import ObjectStoreSequencer
+
+
+@pytest.fixture(autouse=True)
+def pooled(monkeypatch: pytest.MonkeyPatch) -> None:
+    """These tests are about the pipeline: every flush goes through an upload thread, as
+    on slow storage (on memory:// the writer would otherwise upload inline)."""
+    monkeypatch.setattr("disklesslog.objects.writer.INLINE_BELOW", 0.0)
 
 
 def _url() -> str:
@@ -309,6 +316,53 @@ def test_a_failed_upload_fails_its_flush_only(monkeypatch: pytest.MonkeyPatch) -
         with pytest.raises(OSError):
             futures[1].result()
         assert _values(log, "s") == [b"0", b"1"]
+        writer.close()
+
+
+def test_a_sequencer_conflict_is_committed_again_not_failed() -> None:
+    """SequencerConflict means nothing was applied (the object-store sequencer lost every
+    race for its next entry): the writer commits the flush again."""
+    sequencer = GatedSequencer()
+    conflicts = [2]
+
+    def refuse(key: str) -> DisklessLogError | None:
+        if conflicts[0]:
+            conflicts[0] -= 1
+            return SequencerConflict("lost the race 100 times")
+        return None
+
+    sequencer.refuse = refuse
+    with disklesslog.open(_url(), sequencer=sequencer) as log:
+        with log.writer(linger_ms=0) as writer:
+            assert writer.append("s", b"x").result() == 0
+        assert log.metrics()["commit_conflicts"] == 2
+        assert _values(log, "s") == [b"x"]
+
+
+def test_fast_storage_is_written_inline_and_slow_storage_through_the_pool(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Under a millisecond per upload and commit, the flusher does both itself (thread
+    hand-offs would cost more than overlapping saves); slower, flushes go to the pool."""
+    monkeypatch.setattr("disklesslog.objects.writer.INLINE_BELOW", 0.001)
+    with disklesslog.open(_url(), sequencer=MemorySequencer()) as log:
+        writer = log.writer(linger_ms=0)
+        for i in range(20):
+            assert writer.append("s", b"%d" % i).result() == i
+        assert not writer._uploads._threads  # never needed an upload thread
+        slow = GatedSequencer()
+        real_commit = slow.commit
+
+        def sluggish(key: str, batches: Any) -> Any:
+            time.sleep(0.01)
+            return real_commit(key, batches)
+
+        slow.commit = sluggish  # type: ignore[method-assign]
+    with disklesslog.open(_url(), sequencer=slow) as log:
+        writer = log.writer(linger_ms=0)
+        for i in range(20):
+            writer.append("s", b"%d" % i).result()
+        assert writer._uploads._threads  # commits of 10 ms: the pipeline took over
         writer.close()
 
 

@@ -1063,3 +1063,20 @@ def test_offset_for_time_matches_a_full_scan(sequencer: Sequencer) -> None:
 def test_close_is_idempotent(sequencer: Sequencer) -> None:
     sequencer.close()
     sequencer.close()
+
+
+def test_alter_stream_merges_changes_into_the_config(sequencer: Sequencer) -> None:
+    sequencer.create_stream("a", {"retention_ms": 5, "compression": "zstd"})
+    meta = sequencer.alter_stream("a", {"retention_ms": 10})
+    assert meta.config == {"retention_ms": 10, "compression": "zstd"}
+    sequencer.alter_stream("a", {"retention_bytes": 7})  # a second change keeps the first
+    assert sequencer.stream_info("a").config == {
+        "retention_ms": 10,
+        "compression": "zstd",
+        "retention_bytes": 7,
+    }
+    with pytest.raises(StreamNotFound):
+        sequencer.alter_stream("missing", {"retention_ms": 1})
+    with pytest.raises(ConfigError):
+        sequencer.alter_stream("a", {"retention_ms": object()})
+    assert sequencer.stream_info("a").config["retention_ms"] == 10

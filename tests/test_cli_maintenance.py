@@ -1,0 +1,158 @@
+"""The maintenance subcommands (retention, compact, merge, tier, gc, maintain) and
+``describe`` of a whole log: summaries, dry runs, JSON reports, one-line errors."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import disklesslog
+from disklesslog.cli import main
+
+
+def _log(path: Path, **options: object) -> Path:
+    """A local log with stream ``a`` (100 batches of 200 B over small segments) and ``b``."""
+    with disklesslog.open(path, fsync="never", segment_bytes=4096, **options) as log:
+        a = log.stream("a")
+        for i in range(100):
+            a.append_batch([b"%05d" % i + b"x" * 195], timestamps=1_000 + i)
+        log.stream("b").append(b"y")
+    return path
+
+
+def _start(path: Path, stream: str) -> int:
+    with disklesslog.open(path, create=False) as log:
+        return log.stream(stream).start_offset
+
+
+def test_retention_prints_a_summary_and_trims(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = _log(tmp_path / "log", retention_bytes=8_000)
+    assert main(["retention", str(path), "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("retention:")
+    assert "a: start offset 0 ->" in out and "segments deleted" in out
+    assert _start(path, "a") > 0 and _start(path, "b") == 0
+
+
+def test_dry_run_changes_nothing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = _log(tmp_path / "log", retention_bytes=8_000)
+    assert main(["retention", str(path), "--dry-run", "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert "(dry run)" in out and "would a: start offset 0 ->" in out
+    assert _start(path, "a") == 0
+
+
+def test_json_report(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = _log(tmp_path / "log", retention_bytes=8_000)
+    assert main(["retention", str(path), "--stream", "a", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["operation"] == "retention" and report["streams"] == 1
+    assert report["records_removed"] == _start(path, "a") > 0
+    assert report["segments_deleted"] > 0 and report["bytes_deleted"] > 0
+
+
+def test_maintain_runs_every_operation(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = _log(tmp_path / "log", retention_bytes=8_000)
+    assert main(["maintain", str(path), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["operation"] == "maintain"
+    assert any(line.startswith("retention: a: start offset") for line in report["actions"])
+    assert _start(path, "a") > 0
+
+
+def test_describe_a_whole_log(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = _log(tmp_path / "log")
+    assert main(["describe", str(path)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split() == ["segments", "start", "end", "records", "bytes", "stream"]
+    assert lines[1].split()[1:4] == ["0", "100", "100"] and lines[1].split()[-1] == "a"
+    assert lines[2].split()[-1] == "b"
+    assert lines[-1].split()[0] == "101" and lines[-1].endswith("(total)")
+    assert main(["describe", str(path), "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [r["stream"] for r in rows] == ["a", "b"]
+    assert rows[0]["segments"] > 1 and rows[0]["bytes"] > 20_000
+
+
+def test_describe_object_log_counts_objects(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    url = f"file://{tmp_path}/objects"
+    with disklesslog.open(url, backend="objects") as log:
+        for i in range(3):
+            log.stream("s").append(b"%d" % i)  # one object each
+    assert main(["describe", url, "--backend", "objects", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert rows == [
+        {
+            "stream": "s",
+            "start_offset": 0,
+            "end_offset": 3,
+            "records": 3,
+            "bytes": rows[0]["bytes"],
+            "objects": 3,
+        }
+    ]
+
+
+@pytest.mark.parametrize("command", ["retention", "compact", "merge", "tier", "maintain"])
+def test_maintenance_commands_never_create_a_log(
+    tmp_path: Path, command: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main([command, str(tmp_path / "nothing")]) == 1
+    assert "not a log" in capsys.readouterr().err
+    assert not (tmp_path / "nothing").exists()
+
+
+def test_bad_grace_is_a_usage_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["gc", str(tmp_path), "--grace", "-5"]) == 2
+    assert "must be 0 or more" in capsys.readouterr().err
+
+
+def test_missing_stream_is_a_one_line_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = _log(tmp_path / "log")
+    assert main(["retention", str(path), "--stream", "nope"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("disklesslog: error:") and "nope" in err[0]
+
+
+def test_progress_bar_on_a_terminal_only(tmp_path: Path) -> None:
+    """Run as a subprocess (stderr a pipe, not a terminal): no tqdm output at all."""
+    path = _log(tmp_path / "log", retention_bytes=8_000)
+    done = subprocess.run(
+        [sys.executable, "-m", "disklesslog", "maintain", str(path)],
+        capture_output=True,
+        check=False,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stderr == b""
+    assert b"retention: a: start offset" in done.stdout
+
+
+def test_progress_draws_tqdm_bars_on_a_terminal(monkeypatch: pytest.MonkeyPatch) -> None:
+    import io
+
+    from disklesslog.maintenance.cli import _progress
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    screen = Terminal()
+    monkeypatch.setattr(sys, "stderr", screen)
+    with _progress(True) as progress:
+        assert progress is not None
+        for done in range(0, 101, 25):
+            progress("retention", done, 100)
+    assert "retention" in screen.getvalue() and "100/100" in screen.getvalue()
+    with _progress(False) as nothing:
+        assert nothing is None
