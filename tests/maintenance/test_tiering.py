@@ -336,6 +336,20 @@ def test_without_local_retention_tiering_only_copies(tmp_path: Path) -> None:
     log.close()
 
 
+def test_local_retention_follows_alter_stream(tmp_path: Path) -> None:
+    log = _open(tmp_path / "log", _memory_target(), **SMALL)
+    ref = _fill(log, "s", 240)
+    log.tier(now_ms=NOW)
+    assert _local_start(log.stream("s")) == 0  # local retention unlimited so far
+    log.alter_stream("s", local_retention_bytes=5_000)
+    report = log.tier(now_ms=NOW)
+    assert report.segments_deleted > 0 and report.objects_written == 0
+    local = log.stream("s").info().details["segments"]
+    assert sum(seg["bytes"] for seg in local) >= 5_000 and _local_start(log.stream("s")) > 0
+    assert _rows(log.stream("s")) == ref
+    log.close()
+
+
 def test_the_active_segment_is_never_tiered(tmp_path: Path) -> None:
     log = _open(tmp_path / "log", _memory_target(), local_retention_bytes=1, **SMALL)
     ref = _fill(log, "s", 120)
