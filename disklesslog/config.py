@@ -58,7 +58,9 @@ class StreamConfig:
     """Settings of one stream, fixed when the stream is created.
 
     ``segment_bytes``, ``segment_ms`` and ``index_interval_bytes`` shape local segment
-    files and are ignored by the object-storage backend.
+    files. On object storage only the first two matter: they mark the active tail that
+    key compaction leaves alone (the newest ``segment_bytes``, and batches younger than
+    ``segment_ms``), like the active segment of a local stream.
     """
 
     compression: str = "none"

@@ -225,3 +225,15 @@ def maintenance_factory(request: pytest.FixtureRequest, tmp_path: Path) -> Itera
     factory = LogFactory(request.param, tmp_path, request)
     yield factory
     factory.close_all()
+
+
+@pytest.fixture(params=[p for p in MAINTENANCE_BACKENDS if p.values[0].objects])
+def object_maintenance_factory(
+    request: pytest.FixtureRequest, tmp_path: Path
+) -> Iterator[LogFactory]:
+    """The object-storage params of :data:`MAINTENANCE_BACKENDS` (memory, file with the
+    object-store sequencer, file with PostgreSQL, moto S3): for the maintenance that
+    only object logs have (merging, garbage collection) and their compaction details."""
+    factory = LogFactory(request.param, tmp_path, request)
+    yield factory
+    factory.close_all()

@@ -28,9 +28,11 @@ from ..config import StreamConfig
 from ..errors import (
     ConfigError,
     InvalidURL,
+    OffsetOutOfRange,
     StreamExistsError,
     StreamNotFound,
 )
+from ..maintenance.report import MaintenanceReport, Progress
 from ..maintenance.retention import Unit
 from ..markers import MARKER, check_marker, marker_bytes
 from ..metrics import Metrics
@@ -159,6 +161,15 @@ class ObjectLog(AbstractLog):
             self._configs[name] = config
         return config
 
+    def _current_config(self, name: str) -> StreamConfig:
+        """A stream's config as the sequencer has it now (StreamNotFound if it does not
+        exist): for decisions that must not act on a stream deleted and created again
+        with other settings by another process since this one cached its config."""
+        config = StreamConfig.from_dict(self.sequencer.stream_info(name).config)
+        with self._lock:
+            self._configs[name] = config
+        return config
+
     def _ensure_stream(self, name: str, config: StreamConfig | None) -> None:
         """Create ``name`` (with ``config`` or the defaults) unless it exists."""
         meta = self.sequencer.create_stream(name, (config or self._defaults).to_dict())
@@ -218,12 +229,23 @@ class ObjectLog(AbstractLog):
     def live_batches(self, stream: str, start: int | None = None) -> Iterator[BatchLocation]:
         """The live batches of ``stream`` in offset order, from the one holding ``start``
         (default: the start offset), page by page from the sequencer, up to the end
-        offset of the first page (a snapshot)."""
+        offset of the first page (a snapshot).
+
+        Without ``start`` the listing follows the start offset: if a trim (retention in
+        another process) moves it past the next page, the listing goes on from the new
+        start offset, since the batches below it are no longer live. With ``start``, such
+        a trim raises OffsetOutOfRange as a read would."""
         sequencer = self.sequencer
         offset = sequencer.stream_info(stream).start_offset if start is None else start
         end: int | None = None
         while end is None or offset < end:
-            page = sequencer.find_batches(stream, offset, 64 << 20)
+            try:
+                page = sequencer.find_batches(stream, offset, 64 << 20)
+            except OffsetOutOfRange as exc:
+                if start is not None or exc.start_offset <= offset:
+                    raise
+                offset = exc.start_offset
+                continue
             end = page.end_offset if end is None else end
             if not page.batches:
                 return
@@ -248,6 +270,70 @@ class ObjectLog(AbstractLog):
         """Insert an object this process just wrote into the cache (the hottest data)."""
         if self._cache is not None:
             self._cache.put_object(f"{self.storage.url}/{key}", data)
+
+    # ------------------------------------------------------------ maintenance
+
+    def compact(
+        self,
+        stream: str | None = None,
+        *,
+        dry_run: bool = False,
+        progress: Progress | None = None,
+        now_ms: int | None = None,
+        force: bool = False,
+    ) -> MaintenanceReport:
+        """Key compaction (:mod:`disklesslog.objects.compact`): per compacted stream, the
+        batches below the active tail (the last ``segment_bytes``, or younger than
+        ``segment_ms``) are rewritten into ``….compacted`` objects holding the latest
+        record per key, swapped in atomically; offsets never change."""
+        from .compact import compact  # noqa: PLC0415 - maintenance is loaded on use
+
+        self._check_open()
+        return compact(self, stream, dry_run=dry_run, progress=progress, now_ms=now_ms, force=force)
+
+    def merge(
+        self,
+        stream: str | None = None,
+        *,
+        dry_run: bool = False,
+        progress: Progress | None = None,
+        target_bytes: int | None = None,
+        now_ms: int | None = None,
+    ) -> MaintenanceReport:
+        """Merging (:mod:`disklesslog.objects.merge`): a stream's batches in WAL objects
+        are copied byte for byte into ``….merged`` objects of about ``target_bytes``
+        (64 MiB), swapped in atomically, so its reads touch few large objects. A run
+        smaller than a quarter of that waits until its oldest object is 10 minutes old
+        (by ``now_ms``, default the clock)."""
+        from .merge import merge  # noqa: PLC0415 - maintenance is loaded on use
+
+        self._check_open()
+        return merge(
+            self,
+            stream,
+            dry_run=dry_run,
+            progress=progress,
+            target_bytes=target_bytes,
+            now_ms=now_ms,
+        )
+
+    def collect_garbage(
+        self,
+        *,
+        dry_run: bool = False,
+        progress: Progress | None = None,
+        grace_seconds: float | None = None,
+    ) -> MaintenanceReport:
+        """Garbage collection (:mod:`disklesslog.objects.gc`): deletes objects that have
+        held no live batch for ``grace_seconds`` (default 300), then objects in storage
+        the sequencer never knew (uploads whose commit never came) once they are older
+        than that and at least 5 minutes old."""
+        from .gc import collect_garbage  # noqa: PLC0415 - maintenance is loaded on use
+
+        self._check_open()
+        return collect_garbage(
+            self, dry_run=dry_run, progress=progress, grace_seconds=grace_seconds
+        )
 
     # -------------------------------------------------------- consumer groups
 
@@ -352,12 +438,19 @@ class ObjectStream(Stream):
         check_offset(before_offset, "before_offset")
         self._log.sequencer.trim(self._name, before_offset)
 
+    @property
+    def config(self) -> StreamConfig:
+        """The stream's settings, from the sequencer, without listing its batches as
+        :meth:`info` does."""
+        self._log._check_open()
+        return self._log._current_config(self._name)
+
     def info(self) -> StreamInfo:
         self._log._check_open()
         meta = self._log.sequencer.stream_info(self._name)
         size = 0
         seen: set[str] = set()
-        for location in self._log.live_batches(self._name, meta.start_offset):
+        for location in self._log.live_batches(self._name):  # follows a moving start
             size += location.size
             seen.add(location.object_key)
         objects = len(seen)

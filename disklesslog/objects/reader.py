@@ -5,6 +5,17 @@ object (close enough together) are fetched as one byte range through the process
 block cache; every batch is checked against its checksum *and* its coordinates, then
 decoded into columns. The first page fixes the end offset: a read returns what was
 committed when it started.
+
+Offsets may have no record: key compaction drops records (a batch's span may exceed its
+record count) and whole batches (a stretch of offsets with no batch at all). Pages come
+from the batch holding an offset *or the next one after it*, and every batch is clipped
+to the range asked for, so reads from any start skip such gaps.
+
+Maintenance swaps batches into new objects while reads run, and garbage collection
+deletes the old objects after a grace period. A read that meets a deleted object asks
+the sequencer again where the offsets it still needs live: if they moved, it reads
+them there; only an object the sequencer *still* references is missing data
+(:class:`~disklesslog.DataLossError`).
 """
 
 from __future__ import annotations
@@ -13,15 +24,15 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from ..errors import CorruptDataError
-from ..format import decode_batch
+from ..errors import CorruptDataError, DataLossError
+from ..format import BatchHeader, decode_batch
 from ..records import RecordBatch
 from ..sequencers.base import BatchLocation, BatchPage
 
 if TYPE_CHECKING:
     from .log import ObjectLog
 
-__all__ = ["offset_for_time", "read_batches"]
+__all__ = ["COALESCE_GAP", "Run", "check_coordinates", "offset_for_time", "read_batches", "runs"]
 
 PAGE_BYTES = 8 << 20
 """Bytes of batch locations asked for per ``find_batches`` call."""
@@ -30,7 +41,7 @@ COALESCE_GAP = 256 << 10
 
 
 @dataclass
-class _Run:
+class Run:
     """Batches of one object read with one ranged fetch."""
 
     object_key: str
@@ -56,12 +67,22 @@ def _read(
 ) -> Iterator[RecordBatch]:
     config = log._stream_config(stream, create=False)
     max_batch_bytes = config.max_batch_bytes if config else 1 << 31
+    missing: tuple[str, int] | None = None  # the object found missing, at offset lo
     while lo < hi and remaining != 0:
         wanted = [b for b in page.batches if b.base_offset < hi and b.last_offset >= lo]
         if not wanted:
             return
-        for run in _runs(wanted):
-            data = log.fetch(run.object_key, run.start, run.end)
+        for run in runs(wanted):
+            try:
+                data = log.fetch(run.object_key, run.start, run.end)
+            except DataLossError:
+                # Deleted after maintenance replaced it? Then fresh locations lead
+                # elsewhere; the same object again means it is really gone.
+                if missing == (run.object_key, lo):
+                    raise
+                missing = (run.object_key, lo)
+                log._metrics.add("stale_locations")
+                break
             for location in run.batches:
                 batch = _decode(data, run, location, max_batch_bytes)
                 part = batch.between(lo, hi)
@@ -76,31 +97,30 @@ def _read(
         page = log.sequencer.find_batches(stream, lo, PAGE_BYTES)
 
 
-def _runs(locations: list[BatchLocation]) -> list[_Run]:
-    """Group consecutive locations into ranged fetches, one object at a time."""
-    runs: list[_Run] = []
+def runs(
+    locations: list[BatchLocation], *, gap: int = COALESCE_GAP, max_bytes: int | None = None
+) -> list[Run]:
+    """Group consecutive locations into ranged fetches, one object at a time: a location
+    joins the previous run if it is in the same object, after it and at most ``gap``
+    bytes further, and (with ``max_bytes``) the run stays within that many bytes."""
+    found: list[Run] = []
     for location in locations:
-        last = runs[-1] if runs else None
+        last = found[-1] if found else None
+        end = location.position + location.size
         if (
             last is not None
             and last.object_key == location.object_key
-            and last.end <= location.position <= last.end + COALESCE_GAP
+            and last.end <= location.position <= last.end + gap
+            and (max_bytes is None or end - last.start <= max_bytes)
         ):
-            last.end = location.position + location.size
+            last.end = end
             last.batches.append(location)
         else:
-            runs.append(
-                _Run(
-                    location.object_key,
-                    location.position,
-                    location.position + location.size,
-                    [location],
-                )
-            )
-    return runs
+            found.append(Run(location.object_key, location.position, end, [location]))
+    return found
 
 
-def _decode(data: bytes, run: _Run, location: BatchLocation, max_batch_bytes: int) -> RecordBatch:
+def _decode(data: bytes, run: Run, location: BatchLocation, max_batch_bytes: int) -> RecordBatch:
     at = location.position - run.start
     source = f"object {location.object_key}"
     if len(data) < at + location.size:
@@ -116,6 +136,13 @@ def _decode(data: bytes, run: _Run, location: BatchLocation, max_batch_bytes: in
         )
     except CorruptDataError as exc:
         raise exc.located(source, run.start) from None
+    check_coordinates(header, location)
+    return batch
+
+
+def check_coordinates(header: BatchHeader, location: BatchLocation) -> None:
+    """Refuse a (checksummed) batch that is not the one the sequencer describes: another
+    size or offset span means the location points at the wrong bytes."""
     if (
         header.size != location.size
         or location.base_offset + header.span - 1 != location.last_offset
@@ -123,10 +150,9 @@ def _decode(data: bytes, run: _Run, location: BatchLocation, max_batch_bytes: in
         raise CorruptDataError(
             f"batch does not match its coordinates (offsets {location.base_offset}.."
             f"{location.last_offset}, {location.size} bytes)",
-            source=source,
+            source=f"object {location.object_key}",
             position=location.position,
         )
-    return batch
 
 
 def offset_for_time(log: ObjectLog, stream: str, timestamp: int) -> int | None:

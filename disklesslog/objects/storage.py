@@ -5,6 +5,13 @@ error translation and the PUT/GET counters live in one place. Objects are immuta
 and written once under unique, time-sortable names (:meth:`ObjectStorage.new_key`):
 nothing is ever overwritten, so a reader holding an old batch location can always
 finish, and an upload retried after a lost response writes the same bytes again.
+
+A key also says what its object is, so maintenance needs no state of its own to tell
+(``docs/format.md`` section 3): ``objects/<ns>-<hex>`` is a WAL object written by a
+writer (batches of many streams), ``objects/<ns>-<hex>.merged`` one stream's batches
+copied together by merging, ``objects/<ns>-<hex>.compacted`` one stream's batches
+rewritten by key compaction. ``<ns>`` is the writer's clock when it named the object;
+garbage collection judges the age of objects the sequencer never knew by it.
 """
 
 from __future__ import annotations
@@ -12,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import os
 import random
+import re
 import secrets
 import time
 from collections.abc import Mapping
@@ -28,10 +36,30 @@ from ..errors import (
 )
 from ..metrics import Metrics
 
-__all__ = ["OBJECTS", "SEQUENCER_DIR", "ObjectStorage", "open_filesystem"]
+__all__ = [
+    "COMPACTED",
+    "KINDS",
+    "MERGED",
+    "OBJECTS",
+    "SEQUENCER_DIR",
+    "WAL",
+    "ObjectStorage",
+    "key_kind",
+    "key_time_ns",
+    "open_filesystem",
+]
 
 OBJECTS = "objects"
-"""Folder (key prefix) of WAL objects under the log's root."""
+"""Folder (key prefix) of every data object under the log's root."""
+WAL = ""
+"""Kind of the objects writers flush: batches of many streams, in commit order."""
+MERGED = "merged"
+"""Kind of the objects merging writes: one stream's batches, copied byte for byte."""
+COMPACTED = "compacted"
+"""Kind of the objects key compaction writes: one stream's surviving records."""
+KINDS = (WAL, MERGED, COMPACTED)
+_KEY = re.compile(r"objects/(\d{20})-[0-9a-f]{16}(?:\.(merged|compacted))?")
+_DATED = re.compile(r"objects/(\d{20})-")
 SEQUENCER_DIR = "_sequencer"
 """Folder of the object-store sequencer's entries and checkpoints under the log's root."""
 
@@ -98,9 +126,14 @@ class ObjectStorage:
         return f"{self.root}/{key}"
 
     @staticmethod
-    def new_key() -> str:
-        """A fresh, write-once object key: time-sortable, then random."""
-        return f"{OBJECTS}/{time.time_ns():020d}-{secrets.token_hex(8)}"
+    def new_key(kind: str = WAL, *, time_ns: int | None = None) -> str:
+        """A fresh, write-once object key: time-sortable (this machine's clock in ns, or
+        ``time_ns``), then random, then the object's ``kind`` (see :data:`KINDS`)."""
+        if kind not in KINDS:
+            raise ConfigError(f"unknown object kind {kind!r}; known: {list(KINDS)}")
+        stamp = time.time_ns() if time_ns is None else time_ns
+        suffix = f".{kind}" if kind else ""
+        return f"{OBJECTS}/{stamp:020d}-{secrets.token_hex(8)}{suffix}"
 
     def put(self, key: str, data: bytes) -> None:
         """Store ``data`` under ``key``, retrying failures with exponential backoff and
@@ -170,6 +203,23 @@ class ObjectStorage:
                 continue
             self.metrics.add("deletes")
 
+    def list_objects(self) -> dict[str, int]:
+        """Every file under the data folder, ``{key: size in bytes}``: objects, and on a
+        local disk the temporary files of uploads in progress (or of a crash). One
+        LIST (paged by the client); garbage collection's reconcile pass uses it."""
+        folder = self.path(OBJECTS)
+        try:
+            found = self.fs.find(folder, detail=True)
+        except FileNotFoundError:
+            return {}
+        prefix = folder.lstrip("/") + "/"
+        listed: dict[str, int] = {}
+        for path, info in found.items():
+            name = str(path).lstrip("/")
+            if name.startswith(prefix) and info.get("type", "file") != "directory":
+                listed[f"{OBJECTS}/{name[len(prefix) :]}"] = int(info.get("size") or 0)
+        return listed
+
     def exists(self, name: str) -> bool:
         return bool(self.fs.exists(self.path(name)))
 
@@ -183,3 +233,18 @@ class ObjectStorage:
     def local_root(self) -> str | None:
         """The root as a local directory path, if this is the local filesystem."""
         return self._local
+
+
+def key_kind(key: str) -> str | None:
+    """The kind (:data:`WAL`, :data:`MERGED`, :data:`COMPACTED`) a key names, or
+    ``None`` for a key this library did not make."""
+    match = _KEY.fullmatch(key)
+    return None if match is None else match[2] or WAL
+
+
+def key_time_ns(key: str) -> int | None:
+    """When the object was named (ns since the epoch, the writer's clock), from the key
+    or from the key a temporary upload file belongs to; ``None`` if the name has no
+    time (not ours: garbage collection leaves it alone)."""
+    match = _DATED.match(key)
+    return None if match is None else int(match[1])

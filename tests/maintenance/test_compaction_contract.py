@@ -73,21 +73,13 @@ def _random_rows(seed: int, count: int, keys: int) -> list[tuple[bytes, bytes | 
     return rows
 
 
-def _compacted_range(
-    log: disklesslog.Log,
-    name: str,
-    before: list[Row],
-    horizon: int = NOW - COMPACTED["delete_retention_ms"],
-) -> int:
-    """The end of the range compaction worked on: the first offset ``e`` for which the
-    model applied below ``e`` gives the stream as it is now.
-
-    It lies at or after the start of the untouched tail (the rows still exactly as
-    written from there to the end), not necessarily at it: the row just before ``e`` is
-    the latest of its key below ``e``, so it stays, and so may a few rows before it,
-    while older rows of their keys went. Returns the tail's start if no ``e`` fits (the
-    caller's comparison with the model then shows the difference).
-    """
+def _compacted_range(log: disklesslog.Log, name: str, before: list[Row], horizon: int) -> int:
+    """The end of the range compaction went over: the offset ``x`` for which the model of
+    compacting ``[0, x)`` is exactly the result. It is at or after the first offset whose
+    row is still exactly as written from there to the end, but not necessarily there:
+    the last rows of a compacted range stay as written (each is the latest of its key)
+    while the older rows of their keys went, so the rows alone do not show where the
+    range ended. Fails if no such ``x`` exists."""
     after = _rows(log, name)
     tail_start = after[-1][0] + 1 if after else 0
     by_offset = {r[0]: r for r in after}
@@ -96,10 +88,10 @@ def _compacted_range(
             break
         tail_start = row[0]
     end = before[-1][0] + 1 if before else 0
-    for e in range(tail_start, end + 1):
-        if _model(before, e, horizon) == after:
-            return e
-    return tail_start
+    for boundary in range(tail_start, end + 1):
+        if after == _model(before, boundary, horizon):
+            return boundary
+    pytest.fail(f"no compacted range [0, x) with x >= {tail_start} explains the result")
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3])
@@ -115,7 +107,7 @@ def test_compaction_keeps_the_latest_record_per_key(maintenance_factory, seed: i
     assert end == 600  # offsets never change: the end stays where it was
     # The compacted range ends before the tail that must stay untouched; everything in
     # it follows the model, and the model applied to exactly that range is the result.
-    boundary = _compacted_range(log, "s", before)
+    boundary = _compacted_range(log, "s", before, NOW - COMPACTED["delete_retention_ms"])
     assert 0 < boundary < end, "something was compacted and a tail stayed"
     assert after == _model(before, boundary, NOW - COMPACTED["delete_retention_ms"])
     assert [r[0] for r in after] == sorted(r[0] for r in after)
@@ -160,7 +152,7 @@ def test_compaction_is_idempotent_and_resumes_with_new_records(maintenance_facto
     _write(log, "s", _random_rows(12, 500, keys=20), per_batch=25)
     before = _rows(log, "s")
     log.compact(now_ms=NOW, force=True)
-    boundary = _compacted_range(log, "s", before)
+    boundary = _compacted_range(log, "s", before, NOW - COMPACTED["delete_retention_ms"])
     assert _rows(log, "s") == _model(before, boundary, NOW - COMPACTED["delete_retention_ms"])
 
 

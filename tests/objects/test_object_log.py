@@ -265,3 +265,28 @@ def test_deleted_stream_while_writing_is_recreated() -> None:
             stream.end_offset  # noqa: B018
         assert stream.append(b"again") == 0  # sequence numbers start over too
         assert stream.append(b"more") == 1
+
+
+def test_live_batches_follow_a_start_offset_moved_by_another_process() -> None:
+    """Retention in another process trims while a listing pages through the batches:
+    the listing from the start offset goes on from the new start (the batches below are
+    no longer live); a listing from an explicit offset raises as a read would."""
+    sequencer = MemorySequencer()
+    with _open(sequencer=sequencer) as log:
+        for i in range(6):
+            log.stream("s").append_batch([b"%d" % i] * 10)
+        real_find = sequencer.find_batches
+        calls: list[int] = []
+
+        def find_after_a_trim(stream: str, offset: int, max_bytes: int):  # type: ignore[no-untyped-def]
+            if not calls:
+                sequencer.trim("s", 35)  # between stream_info and the first page
+            calls.append(offset)
+            return real_find(stream, offset, max_bytes)
+
+        sequencer.find_batches = find_after_a_trim  # type: ignore[method-assign]
+        listed = [(b.base_offset, b.last_offset) for b in log.live_batches("s")]  # type: ignore[attr-defined]
+        assert listed == [(30, 39), (40, 49), (50, 59)] and calls == [0, 35]
+        calls.clear()
+        with pytest.raises(disklesslog.OffsetOutOfRange):
+            list(log.live_batches("s", 0))  # type: ignore[attr-defined]

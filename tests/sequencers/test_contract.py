@@ -852,6 +852,20 @@ def test_replace_batches_may_drop_batches_entirely(sequencer: Sequencer) -> None
     assert sequencer.stream_info("a").end_offset == 10  # offsets are never reused
 
 
+def test_find_batches_from_offsets_left_without_a_batch(sequencer: Sequencer) -> None:
+    """Compaction leaves offsets with no batch (here 0..3 and 9): a read from one of
+    them starts at the next batch, or finds nothing before the end offset."""
+    old = _compactable(sequencer)
+    ids = [old[0].batch_id, old[1].batch_id]
+    assert sequencer.replace_batches("a", ids, [BatchLocation(0, "o3", 0, 10, 4, 5, 0)])
+    assert sequencer.replace_batches("a", [old[3].batch_id], [])
+    for offset in (0, 3, 4):
+        page = sequencer.find_batches("a", offset, 1 << 20)
+        assert [(b.base_offset, b.last_offset) for b in page.batches] == [(4, 5), (6, 8)]
+    assert sequencer.find_batches("a", 9, 1 << 20).batches == []
+    assert sequencer.find_batches("a", 10, 1 << 20).batches == []
+
+
 @pytest.mark.parametrize(
     "ids, news",
     [

@@ -1,0 +1,145 @@
+"""Garbage collection of object logs: deleting objects nothing refers to any more.
+
+Two passes:
+
+1. **Garbage the sequencer knows.** Objects whose batches were all trimmed, replaced
+   (merging, compaction) or deleted with their stream, and orphans recorded by writers
+   and maintainers whose commit or swap did not happen, once they have been in that
+   state for ``grace_seconds`` (``Sequencer.objects_to_delete``): deleted from storage,
+   then forgotten by the sequencer (``forget_objects``). The grace period protects
+   readers: a read takes batch locations from the sequencer, then fetches them; an
+   object replaced in between must stay until such reads are done. (A read of this
+   library that still finds one missing asks the sequencer again, so only slower
+   readers elsewhere - another tool holding locations - depend on the grace.)
+2. **Reconcile.** Objects in storage the sequencer never knew: an upload whose process
+   died before its commit or swap, or whose orphan record failed. Storage is listed
+   *before* the sequencer is asked what it knows, so an object committed in between is
+   never taken for unknown; an unknown object is deleted once the time in its key is
+   older than both ``grace_seconds`` and :data:`UNKNOWN_MIN_AGE`. That floor is what
+   keeps uploads in flight safe whatever grace a caller chooses: a writer commits an
+   object within ``UPLOAD_MAX_AGE`` (60 s) of its upload, or uploads it again under a
+   new key, and merging and compaction swap theirs in under the same rule, so an
+   object older than the floor that the sequencer does not know never will. Key times
+   come from the clock of the machine that wrote the object: the floor also absorbs
+   clock differences between machines of up to a few minutes.
+
+Deleting is idempotent and forgetting comes after deleting, so a collection killed at
+any point is finished by the next one. Dry runs list what would go and change nothing.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import TYPE_CHECKING
+
+from ..errors import ConfigError, SequencerConflict
+from ..maintenance.report import MaintenanceReport, Progress
+from .storage import key_time_ns
+from .writer import UPLOAD_MAX_AGE
+
+if TYPE_CHECKING:
+    from .log import ObjectLog
+
+__all__ = ["DEFAULT_GRACE_SECONDS", "UNKNOWN_MIN_AGE", "collect_garbage"]
+
+DEFAULT_GRACE_SECONDS = 300.0
+UNKNOWN_MIN_AGE = 5 * UPLOAD_MAX_AGE
+"""Seconds an object the sequencer does not know must have existed (by the time in its
+key) before the reconcile pass deletes it: 5 minutes, five times the longest a writer
+or maintainer lets an upload wait for its commit."""
+_DELETE_CHUNK = 256
+
+
+def collect_garbage(
+    object_log: ObjectLog,
+    *,
+    dry_run: bool = False,
+    progress: Progress | None = None,
+    grace_seconds: float | None = None,
+) -> MaintenanceReport:
+    """Delete unreferenced objects after ``grace_seconds`` (default 300), then objects the
+    sequencer never knew once they are that old and at least UNKNOWN_MIN_AGE old."""
+    grace = DEFAULT_GRACE_SECONDS if grace_seconds is None else grace_seconds
+    if type(grace) not in (int, float) or not math.isfinite(grace) or grace < 0:
+        raise ConfigError(
+            f"grace_seconds={grace_seconds!r} is invalid: give a number of seconds >= 0 "
+            "(default 300; readers holding old batch locations need it to finish)"
+        )
+    report = MaintenanceReport("gc", dry_run=dry_run)
+    storage = object_log.storage
+    sequencer = object_log.sequencer
+    stored = storage.list_objects()  # first: see "Reconcile" in the module docstring
+    garbage = sequencer.objects_to_delete(grace)
+    known = set(sequencer.list_objects())
+    collected = set(garbage)
+    floor_ns = int(max(grace, UNKNOWN_MIN_AGE) * 1e9)
+    now_ns = time.time_ns()
+    unknown: list[str] = []
+    undated = 0
+    for key in stored:
+        if key in known or key in collected:
+            continue
+        born = key_time_ns(key)
+        if born is None:
+            undated += 1
+        elif now_ns - born >= floor_ns:
+            unknown.append(key)
+    total = sum(stored.get(key, 0) for key in (*garbage, *unknown))
+    done = 0
+    if progress is not None:
+        progress("gc", done, total)
+    unforgotten = 0
+    for start in range(0, len(garbage), _DELETE_CHUNK):
+        chunk = garbage[start : start + _DELETE_CHUNK]
+        done += _delete(object_log, chunk, stored, report, dry_run)
+        if not dry_run:
+            try:
+                sequencer.forget_objects(chunk)
+            except SequencerConflict:  # nothing applied; the next collection forgets them
+                unforgotten += len(chunk)
+        if progress is not None:
+            progress("gc", done, total)
+    if unforgotten:
+        report.skipped.append(
+            f"{unforgotten:,} deleted object(s) not yet forgotten by the sequencer (too busy); "
+            "the next collection does it"
+        )
+    for start in range(0, len(unknown), _DELETE_CHUNK):
+        done += _delete(object_log, unknown[start : start + _DELETE_CHUNK], stored, report, dry_run)
+        if progress is not None:
+            progress("gc", done, total)
+    if garbage:
+        report.actions.append(
+            f"{len(garbage):,} unreferenced object(s) deleted (unreferenced for "
+            f"{grace:g} s or more)"
+        )
+    if unknown:
+        report.actions.append(
+            f"{len(unknown):,} object(s) the sequencer never knew deleted (older than "
+            f"{max(grace, UNKNOWN_MIN_AGE):g} s: uploads whose commit never came)"
+        )
+    if undated:
+        report.skipped.append(
+            f"{undated:,} file(s) under {storage.url}/objects with no time in their name "
+            "(not written by disklesslog): left alone"
+        )
+    return report
+
+
+def _delete(
+    object_log: ObjectLog,
+    keys: list[str],
+    stored: dict[str, int],
+    report: MaintenanceReport,
+    dry_run: bool,
+) -> int:
+    """Delete ``keys`` from storage and count those the listing saw; returns their bytes.
+    (Their blocks in the read cache are left to its LRU: invalidating them one object
+    at a time would scan the cache and cancel the caching of reads under way.)"""
+    present = [key for key in keys if key in stored]
+    size = sum(stored[key] for key in present)
+    report.add(objects_deleted=len(present), bytes_deleted=size)
+    if not dry_run:
+        object_log.storage.delete(keys)
+    return size

@@ -1,0 +1,206 @@
+"""Object-log maintenance across processes (multiprocessing spawn), on file:// with the
+object-store sequencer (and, under ``-m slow``, PostgreSQL): writers, readers and
+maintainers (compaction, merging, retention, garbage collection with a short grace) at
+once; and maintainers killed with SIGKILL at random points, each time finished by the
+next run.
+
+What must hold: no reader ever fails or sees a wrong record; every acknowledged record
+is there unless retention or compaction was meant to drop it (compaction keeps each
+key's latest); nothing is duplicated; no object is deleted while it is referenced; and
+whatever a killed maintainer left behind is collected.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import random
+import signal
+import time
+import uuid
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+import pytest
+from maintenance_workers import (
+    EVENTS,
+    KEYED,
+    PLAIN,
+    STREAMS,
+    Acked,
+    key_of,
+    maintain,
+    maintain_for,
+    maintain_until_killed,
+    read_for,
+    write_for,
+)
+from object_support import as_objects, referenced, stored
+
+import disklesslog
+from disklesslog.objects import gc as gc_module
+
+SPAWN = multiprocessing.get_context("spawn")
+SEQUENCER = "objectstore://"
+GRACE = 0.5  # seconds: far shorter than any real deployment's, to delete while reads run
+
+
+def _open(path: Path, sequencer: str = SEQUENCER) -> disklesslog.Log:
+    return disklesslog.open(f"file://{path}/log", backend="objects", sequencer=sequencer)
+
+
+def _create_streams(log: disklesslog.Log) -> None:
+    log.create_stream(KEYED, cleanup_policy="compact", segment_bytes=4096)
+    log.create_stream(EVENTS, retention_bytes=30_000)
+    log.create_stream(PLAIN)
+
+
+def _check(log: disklesslog.Log, acked: list[Acked]) -> None:
+    """Every stream holds what it must: plain everything, events everything from its
+    start offset, keyed at least each key's latest and nothing that was not written."""
+    by_stream: dict[str, dict[int, tuple[bytes | None, bytes]]] = {s: {} for s in STREAMS}
+    for stream, offset, key, value in acked:
+        assert offset not in by_stream[stream], f"{stream}: offset {offset} acknowledged twice"
+        by_stream[stream][offset] = (key, value)
+    found = {s: [(r.offset, r.key, r.value) for r in log.stream(s).read()] for s in STREAMS}
+    for stream in STREAMS:
+        offsets = [offset for offset, _, _ in found[stream]]
+        assert offsets == sorted(set(offsets)), f"{stream}: offsets out of order or repeated"
+        for offset, key, value in found[stream]:
+            assert by_stream[stream].get(offset) == (key, value), f"{stream}: {offset} wrong"
+    plain = by_stream[PLAIN]
+    assert [o for o, _, _ in found[PLAIN]] == sorted(plain), "plain: a record was lost"
+    start = log.stream(EVENTS).start_offset
+    assert [o for o, _, _ in found[EVENTS]] == sorted(o for o in by_stream[EVENTS] if o >= start)
+    latest: dict[bytes, int] = {}
+    for offset, (key, _) in sorted(by_stream[KEYED].items()):
+        assert key is not None
+        latest[key] = offset
+    present = {offset for offset, _, _ in found[KEYED]}
+    assert set(latest.values()) <= present, "keyed: the latest record of a key was lost"
+    assert all(key_of(value or b"") == key for _, key, value in found[KEYED])
+
+
+def _referenced_objects_exist(log: disklesslog.Log) -> None:
+    missing = referenced(log) - stored(log)
+    assert not missing, f"referenced objects were deleted: {sorted(missing)[:3]}"
+
+
+def _collect_everything(log: disklesslog.Log) -> None:
+    """A last collection with no grace and no floor for unknown objects (safe here: no
+    other process is left), after which storage holds exactly the referenced objects."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(gc_module, "UNKNOWN_MIN_AGE", 0)
+        log.collect_garbage(grace_seconds=0)
+    assert stored(log) == referenced(log), "leftovers were not collected"
+
+
+def _run_together(tmp_path: Path, seconds: float, sequencer: str = SEQUENCER) -> None:
+    url = f"file://{tmp_path}/log"
+    with _open(tmp_path, sequencer) as log:
+        _create_streams(log)
+    with ProcessPoolExecutor(5, mp_context=SPAWN) as pool:
+        writers = [pool.submit(write_for, url, sequencer, w, seconds) for w in range(2)]
+        reader = pool.submit(read_for, url, sequencer, seconds + 1)
+        maintainers = [
+            pool.submit(maintain_for, url, sequencer, seconds + 1, GRACE) for _ in range(2)
+        ]
+        acked = [entry for w in writers for entry in w.result(timeout=300)]
+        reads, problems = reader.result(timeout=300)
+        done = [m.result(timeout=300) for m in maintainers]
+    assert not problems, "\n".join(problems)
+    for _, failures in done:
+        assert not failures, "\n".join(failures)
+    totals = {name: sum(counts.get(name, 0) for counts, _ in done) for name in done[0][0]}
+    assert reads > 0 and len(acked) > 300
+    assert totals["passes"] >= 2 and totals["objects_written"] > 0, totals
+    assert totals["records_removed"] > 0 and totals["objects_deleted"] > 0, totals
+    with _open(tmp_path, sequencer) as log:
+        _check(log, acked)
+        _referenced_objects_exist(log)
+        maintain(log, 0)
+        _check(log, acked)
+        _collect_everything(log)
+        _check(log, acked)
+
+
+def test_writers_readers_and_maintainers_in_processes(tmp_path: Path) -> None:
+    _run_together(tmp_path, seconds=4)
+
+
+@pytest.mark.slow
+def test_writers_readers_and_maintainers_in_processes_for_longer(tmp_path: Path) -> None:
+    _run_together(tmp_path, seconds=40)
+
+
+@pytest.mark.slow
+@pytest.mark.postgres
+def test_writers_readers_and_maintainers_sequenced_by_postgres(
+    tmp_path: Path, postgres_server: str
+) -> None:
+    from disklesslog.servers.postgres import drop_schema
+
+    schema = f"t_{uuid.uuid4().hex}"
+    try:
+        _run_together(tmp_path, seconds=20, sequencer=f"{postgres_server}?schema={schema}")
+    finally:
+        drop_schema(postgres_server, schema)
+
+
+def _kill_rounds(tmp_path: Path, rounds: int) -> None:
+    url = f"file://{tmp_path}/log"
+    rng = random.Random(2024)
+    acked: list[Acked] = []
+    interrupted = 0
+    unknown_before: set[str] = set()
+    with _open(tmp_path) as log:
+        objects = as_objects(log)
+        _create_streams(log)
+        for round_no in range(rounds):
+            with log.writer(linger_ms=60_000) as writer:  # new work for the maintainer
+                for flush in range(6):
+                    pending = []
+                    for i in range(30):
+                        key = b"k%02d" % rng.randrange(20)
+                        tag = b"r%d-%d-%d" % (round_no, flush, i)
+                        for stream, k, value in (
+                            (KEYED, key, key + b"@" + tag + b"." * 60),
+                            (PLAIN, None, tag + b"." * 60),
+                        ):
+                            pending.append((stream, k, value, writer.append(stream, value, key=k)))
+                    writer.flush()
+                    acked += [(s, f.result(), k, v) for s, k, v, f in pending]
+            ready = SPAWN.Event()
+            child = SPAWN.Process(
+                target=maintain_until_killed, args=(url, SEQUENCER, ready, round_no)
+            )
+            child.start()
+            try:
+                assert ready.wait(timeout=120), "the maintainer did not start"
+                time.sleep(rng.uniform(0, 0.35))
+            finally:
+                os.kill(child.pid, signal.SIGKILL)  # type: ignore[arg-type]
+                child.join(timeout=60)
+            assert child.exitcode == -signal.SIGKILL
+            unknown = stored(log) - set(objects.sequencer.list_objects())
+            garbage = objects.sequencer.objects_to_delete(0)
+            interrupted += bool(unknown - unknown_before or garbage)
+            unknown_before = unknown
+            maintain(log, 0)  # the next run completes whatever was cut short
+            _check(log, acked)
+            _referenced_objects_exist(log)
+        # Most kills hit work under way: an upload not yet swapped in (an object the
+        # sequencer never knew), garbage not yet (or half) collected.
+        assert interrupted >= rounds // 4, f"only {interrupted} kills interrupted anything"
+        assert unknown_before, "no kill fell between an upload and its swap"
+        _collect_everything(log)
+        _check(log, acked)
+
+
+def test_maintenance_killed_at_random_points(tmp_path: Path) -> None:
+    _kill_rounds(tmp_path, rounds=10)
+
+
+@pytest.mark.slow
+def test_maintenance_killed_at_random_points_many_times(tmp_path: Path) -> None:
+    _kill_rounds(tmp_path, rounds=60)
