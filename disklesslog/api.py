@@ -439,9 +439,12 @@ class AbstractLog(ABC):
         *,
         dry_run: bool = False,
         progress: Progress | None = None,
+        target_bytes: int | None = None,
+        now_ms: int | None = None,
     ) -> MaintenanceReport:
         """Object logs: rewrite the batches of small combined (WAL) objects into
-        per-stream objects, so a stream's reads touch few large objects."""
+        per-stream objects of about ``target_bytes`` (64 MiB), so a stream's reads touch
+        few large objects."""
         return self._not_applicable("merge", dry_run)
 
     def tier(

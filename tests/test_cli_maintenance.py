@@ -156,3 +156,30 @@ def test_progress_draws_tqdm_bars_on_a_terminal(monkeypatch: pytest.MonkeyPatch)
     assert "retention" in screen.getvalue() and "100/100" in screen.getvalue()
     with _progress(False) as nothing:
         assert nothing is None
+
+
+def test_alter_changes_maintenance_settings(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = _log(tmp_path / "log")
+    assert main(["alter", str(path), "a", "retention_bytes=8000", "delete_retention_ms=5"]) == 0
+    out = capsys.readouterr().out
+    assert "retention_bytes            8000" in out
+    assert main(["retention", str(path), "--no-progress"]) == 0
+    assert _start(path, "a") > 0
+    assert main(["alter", str(path), "a", 'compression="zstd"']) == 1
+    assert "cannot change" in capsys.readouterr().err
+    assert main(["alter", str(path), "a", "retention_ms"]) == 2
+
+
+def test_merge_target_bytes_on_an_object_log(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    url = f"file://{tmp_path}/objects"
+    with disklesslog.open(url, backend="objects") as log:
+        for i in range(5):
+            log.stream("s").append(b"%d" % i)
+    assert main(["merge", url, "--backend", "objects", "--target-bytes", "4096", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["operation"] == "merge"
+    assert main(["merge", url, "--backend", "objects", "--target-bytes", "5"]) == 2

@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from ..config import ALTERABLE
 from .report import MaintenanceReport, Progress
 
 __all__ = ["add_commands"]
@@ -56,6 +57,13 @@ def add_commands(commands: Any, log_options: argparse.ArgumentParser, open_log: 
                 action="store_true",
                 help="compact even below the streams' min_cleanable_dirty_ratio",
             )
+        if name == "merge":
+            sub.add_argument(
+                "--target-bytes",
+                metavar="N",
+                type=_size,
+                help="size of the per-stream objects merging writes (default 64 MiB)",
+            )
         if name in ("gc", "maintain"):
             sub.add_argument(
                 "--grace",
@@ -68,6 +76,51 @@ def add_commands(commands: Any, log_options: argparse.ArgumentParser, open_log: 
             "--no-progress", action="store_true", help="no progress bar (default: on a terminal)"
         )
         sub.set_defaults(handler=lambda args, m=method: _run(args, m, open_log), command_name=name)
+    alter = commands.add_parser(
+        "alter",
+        parents=[log_options],
+        help="change a stream's retention and compaction settings",
+        description="Change maintenance settings of an existing stream and print its new "
+        f"config. Alterable: {', '.join(sorted(ALTERABLE))}.",
+    )
+    alter.add_argument("url", metavar="URL")
+    alter.add_argument("stream", metavar="STREAM")
+    alter.add_argument(
+        "settings",
+        metavar="KEY=VALUE",
+        nargs="+",
+        type=_setting,
+        help="e.g. retention_ms=86400000 min_cleanable_dirty_ratio=0.3",
+    )
+    alter.set_defaults(handler=lambda args: _alter(args, open_log), command_name="alter")
+
+
+def _setting(text: str) -> tuple[str, Any]:
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, not {text!r}")
+    try:
+        return key, json.loads(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{key}: {value!r} is not a number") from None
+
+
+def _alter(args: argparse.Namespace, open_log: OpenLog) -> int:
+    with open_log(args, create=False) as log:
+        config = log.alter_stream(args.stream, **dict(args.settings))
+    for key, value in config.to_dict().items():
+        print(f"{key:<26} {value}")
+    return 0
+
+
+def _size(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 1024:
+        raise argparse.ArgumentTypeError(f"must be at least 1024 bytes, not {text}")
+    return value
 
 
 def _grace(text: str) -> float:
@@ -86,6 +139,8 @@ def _run(args: argparse.Namespace, method: str, open_log: OpenLog) -> int:
         stream = getattr(args, "stream", None)
         if getattr(args, "grace", None) is not None:
             options["grace_seconds"] = args.grace
+        if getattr(args, "target_bytes", None) is not None:
+            options["target_bytes"] = args.target_bytes
         if getattr(args, "force", False):
             options["force"] = True
         if method == "collect_garbage":
