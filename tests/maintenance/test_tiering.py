@@ -150,6 +150,8 @@ def test_reads_fall_through_to_the_tier(tmp_path: Path, target: Target) -> None:
     assert report.objects_written == 3 * len(tiered) and report.segments_deleted > 0
     assert report.bytes_written >= sum(seg["bytes"] for seg in tiered)
     assert _rows(stream) == ref
+    followed = [(r.offset, r.timestamp, r.value) for r in stream.follow(0, idle_timeout=0.05)]
+    assert followed == ref
     for start in sorted({0, 1, 7, local - 1, local, local + 1, *random.sample(range(240), 12)}):
         assert _rows(stream, start) == ref[start:]
         assert _rows(stream, start, start + 9) == ref[start : start + 9]
