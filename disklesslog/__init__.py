@@ -85,7 +85,8 @@ def open(url: str | os.PathLike[str], **options: Any) -> AbstractLog:
 
     ``url`` is a directory path or ``file://`` URL for the local segment-file backend.
     Options: ``fsync`` (``"always"``, ``"interval"`` - the default - or ``"never"``),
-    ``fsync_interval_ms``, ``create`` (default True), ``backend``, and any
+    ``fsync_interval_ms``, ``create`` (default True), ``backend``, ``tier_url`` and
+    ``tier_storage_options`` (local logs: see :meth:`Log.tier`), and any
     :class:`StreamConfig` field as the default for new streams. Unknown options raise
     :class:`ConfigError`. Use the log as a context manager or call ``close()``.
     """

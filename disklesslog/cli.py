@@ -131,6 +131,21 @@ def _log_options() -> argparse.ArgumentParser:
         help="an fsspec storage option (repeatable), e.g. anon=true or "
         'client_kwargs={"endpoint_url": "http://127.0.0.1:9000"}',
     )
+    tiering = options.add_argument_group("tiering (local logs)")
+    tiering.add_argument(
+        "--tier-url",
+        metavar="URL",
+        help="where the log's closed segments are tiered, e.g. s3://bucket/prefix; recorded "
+        "in the log the first time, so later commands need not repeat it",
+    )
+    tiering.add_argument(
+        "--tier-storage-option",
+        metavar="KEY=VALUE",
+        type=_storage_option,
+        action="append",
+        default=[],
+        help="an fsspec storage option of the tier (repeatable; never recorded)",
+    )
     return options
 
 
@@ -143,6 +158,10 @@ def _open_log(args: argparse.Namespace, *, create: bool) -> Log:
         options["sequencer"] = args.sequencer
     if args.storage_option:
         options["storage_options"] = dict(args.storage_option)
+    if args.tier_url is not None:
+        options["tier_url"] = args.tier_url
+    if args.tier_storage_option:
+        options["tier_storage_options"] = dict(args.tier_storage_option)
     return open_log(args.url, **options)
 
 
@@ -391,7 +410,7 @@ def describe_dict(info: StreamInfo) -> dict[str, Any]:
     """``describe --json``: the extent, config and (local backend) segments of a stream."""
     details = dict(info.details)
     segments = details.pop("segments", [])
-    return {
+    facts = {
         "stream": info.name,
         "start_offset": info.start_offset,
         "end_offset": info.end_offset,
@@ -401,6 +420,9 @@ def describe_dict(info: StreamInfo) -> dict[str, Any]:
         "segments": segments,
         "details": details,
     }
+    if "tiered" in details:  # a local stream with segments in object storage
+        facts["tiered"] = details.pop("tiered")
+    return facts
 
 
 def describe_lines(info: StreamInfo) -> list[str]:
@@ -417,6 +439,16 @@ def describe_lines(info: StreamInfo) -> list[str]:
             ["base offset", "end offset", "bytes", "file"],
             [[s["base_offset"], s["end_offset"], s["bytes"], s["file"]] for s in facts["segments"]],
         )
+    if "tiered" in facts:
+        lines.append(f"tiered:       {len(facts['tiered'])}")
+        if facts["tiered"]:
+            lines += _table(
+                ["base offset", "end offset", "bytes", "state", "object"],
+                [
+                    [s["base_offset"], s["end_offset"], s["bytes"], s["state"], s["object"]]
+                    for s in facts["tiered"]
+                ],
+            )
     return lines
 
 
@@ -733,9 +765,11 @@ def _next_segment(info: StreamInfo, exc: CorruptDataError, position: int) -> int
     if exc.source is None:
         return None
     damaged = Path(exc.source).name
-    segments = info.details.get("segments", [])
-    for segment, following in itertools.pairwise(segments):
-        if segment.get("file") == damaged:
-            base = following.get("base_offset")
+    pieces = [  # tiered segments (objects) first, then the local files, in offset order
+        (Path(str(seg.get("object"))).name, seg.get("base_offset"))
+        for seg in info.details.get("tiered", [])
+    ] + [(seg.get("file"), seg.get("base_offset")) for seg in info.details.get("segments", [])]
+    for (name, _), (_, base) in itertools.pairwise(pieces):
+        if name == damaged:
             return base if isinstance(base, int) and base > position else None
     return None

@@ -23,7 +23,8 @@ def _open(url: str, location: str, options: dict[str, Any]) -> AbstractLog:
     if misplaced:
         raise ConfigError(
             f"{misplaced} apply to object-storage logs; a path or file:// URL opens local "
-            "segments unless you pass backend='objects'"
+            "segments unless you pass backend='objects' (the tier of a local log takes "
+            "tier_url= and tier_storage_options=)"
         )
     return SegmentLog(location, url=url, **options)
 

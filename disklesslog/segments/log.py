@@ -45,6 +45,7 @@ from ..config import StreamConfig, require_keys
 from ..errors import (
     ConfigError,
     CorruptDataError,
+    OffsetOutOfRange,
     StreamExistsError,
     StreamNotFound,
 )
@@ -55,7 +56,7 @@ from ..maintenance.retention import Unit
 from ..metrics import Metrics
 from ..records import RecordBatch
 from ..writer import Writer
-from . import groups, reader
+from . import groups, reader, tiering
 from .compactor import compact_stream
 from .layout import (
     CONFIG,
@@ -69,8 +70,11 @@ from .layout import (
     fsync_directory,
     segment_name,
 )
-from .segment import SegmentReplaced
+from .manifest import ManifestCache
 from .store import FSYNC_POLICIES, StreamGone, StreamStore
+from .tier import CONFIG_FILE as TIER_CONFIG
+from .tier import Tier, configure_tier
+from .tiered import TieredReader, local_units, make_view
 
 __all__ = ["SegmentLog", "SegmentStream"]
 
@@ -80,6 +84,8 @@ _CONFIG_VERSION = 1
 _GONE_RETRIES = 20
 DEFAULT_LINGER_MS = 5
 DEFAULT_MAX_BUFFER_BYTES = 8 << 20
+TIER_RECHECK_SECONDS = 1.0
+"""How often a log opened without a tier looks whether another process gave it one."""
 
 
 class SegmentLog(AbstractLog):
@@ -99,6 +105,8 @@ class SegmentLog(AbstractLog):
         fsync_interval_ms: int = 1000,
         create: bool = True,
         cleaner_max_keys: int = DEFAULT_MAX_KEYS,
+        tier_url: str | None = None,
+        tier_storage_options: Mapping[str, Any] | None = None,
         **stream_defaults: Any,
     ) -> None:
         root = Path(path).absolute()
@@ -120,6 +128,15 @@ class SegmentLog(AbstractLog):
         self._metrics = Metrics()
         self._retired = [0, 0, 0]  # append counters of stores already closed
         self._writers: weakref.WeakSet[Writer] = weakref.WeakSet()
+        # Tiering (tier_url=): the tier is configured now if this log has one; a log
+        # another process starts tiering later gets it when a stream shows a manifest.
+        self._manifests = ManifestCache()
+        self._tier_options = tier_storage_options
+        self._tier_recheck = 0.0  # monotonic time to look for tier.json again
+        tier = configure_tier(
+            root, tier_url, tier_storage_options, self._metrics, sync=fsync != "never"
+        )
+        self._tiered = None if tier is None else TieredReader(tier, self._manifests)
         self._stop = threading.Event()
         self._syncer: threading.Thread | None = None
         if fsync == "interval":
@@ -293,6 +310,102 @@ class SegmentLog(AbstractLog):
         )
         self._writers.add(w)
         return w
+
+    # ---------------------------------------------------------------- tiering
+
+    @property
+    def tier_url(self) -> str | None:
+        """Where this log tiers closed segments (``tier_url=``, persisted in the log)."""
+        tiered = self._tiered_reader(required=False)
+        return None if tiered is None else tiered.tier.url
+
+    def tier(
+        self,
+        stream: str | None = None,
+        *,
+        dry_run: bool = False,
+        progress: Progress | None = None,
+        now_ms: int | None = None,
+    ) -> MaintenanceReport:
+        """Copy closed segments to the tier (``tier_url=``) and delete local copies past
+        ``local_retention_ms``/``local_retention_bytes``; reads fall through to the tier.
+        See :mod:`disklesslog.segments.tiering`."""
+        self._check_open()
+        report = MaintenanceReport("tiering", dry_run=dry_run)
+        tiered = self._tiered_reader(required=False)
+        if tiered is None:
+            report.skipped.append(
+                "no tier_url: open the log with tier_url='s3://bucket/prefix' (or any "
+                "fsspec URL) once to tier it"
+            )
+            return report
+        tiered.tier.check_owner(tiered.tier.log_id, claim=True)
+        names = [validate_stream_name(stream)] if stream is not None else self.streams()
+        now = int(time.time() * 1000) if now_ms is None else now_ms
+        tally = tiering.Tally(progress)
+        for name in names:
+            report.streams += 1
+            report.merge(
+                tiering.tier_stream(self, tiered, name, dry_run=dry_run, now_ms=now, tally=tally)
+            )
+        tally.report()
+        return report
+
+    def collect_garbage(
+        self,
+        *,
+        dry_run: bool = False,
+        progress: Progress | None = None,
+        grace_seconds: float | None = None,
+    ) -> MaintenanceReport:
+        """Delete tiered objects that left their streams (retention, trims) once they have
+        been garbage for ``grace_seconds`` (default 300), and objects under the tier
+        prefix that no manifest names (failed uploads, deleted streams) once they are
+        that old. Local segments need no collection: they are deleted when trimmed."""
+        self._check_open()
+        tiered = self._tiered_reader(required=False)
+        if tiered is None:
+            report = MaintenanceReport("gc", dry_run=dry_run)
+            report.skipped.append("no tier_url: local segments need no garbage collection")
+            return report
+        tiered.tier.check_owner(tiered.tier.log_id, claim=True)
+        return tiering.collect_garbage(
+            self, tiered.tier, dry_run=dry_run, progress=progress, grace_seconds=grace_seconds
+        )
+
+    def _may_have_tiered_streams(self, *, now: bool = False) -> bool:
+        """Whether this log has a tier, cheaply: a log opened without one looks for
+        ``tier.json`` (another process may start tiering it) at most once a second,
+        or ``now``, so logs that never tier pay nothing on their read path."""
+        if self._tiered is not None:
+            return True
+        clock = time.monotonic()
+        if not now and clock < self._tier_recheck:
+            return False
+        self._tier_recheck = clock + TIER_RECHECK_SECONDS
+        return os.path.exists(self.path / TIER_CONFIG)
+
+    def _tiered_reader(self, *, required: bool = True) -> TieredReader | None:
+        """The log's tier reads; configured on first need if another process started
+        tiering this log after it was opened here. ``required``: a stream has a
+        manifest, so a missing tier is an error, not "not tiered"."""
+        tiered = self._tiered
+        if tiered is None:
+            tier: Tier | None = configure_tier(
+                self.path, None, self._tier_options, self._metrics, sync=self._fsync != "never"
+            )
+            if tier is None:
+                if required:
+                    raise ConfigError(
+                        f"{self.path} has tiered segments but no tier.json naming their "
+                        "tier: restore that file"
+                    )
+                return None
+            with self._lock:
+                if self._tiered is None:
+                    self._tiered = TieredReader(tier, self._manifests)
+                tiered = self._tiered
+        return tiered
 
     # ---------------------------------------------------------------- close
 
@@ -521,24 +634,59 @@ class SegmentStream(Stream):
 
         return self._log._with_store(self._name, append_all, create=True)
 
+    # A stream with a manifest (tier.manifest) has tiered segments: its reads, extent
+    # and trims go through segments.tiered/tiering, the others take the local path
+    # unchanged (one stat of the manifest file decides).
+
+    def _tier_reads(self, store: StreamStore, *, now: bool = False) -> TieredReader | None:
+        log = self._log
+        if not log._may_have_tiered_streams(now=now):
+            return None
+        if log._manifests.get(store.directory) is None:
+            return None
+        return log._tiered_reader()
+
     def read_batches(
         self, start: int | None = None, end: int | None = None, *, max_records: int | None = None
     ) -> Iterator[RecordBatch]:
         check_read_arguments(start, end, max_records)
-        return self._log._with_store(
-            self._name, lambda s: reader.read_batches(s, start, end, max_records), create=False
-        )
+
+        def read(store: StreamStore) -> Iterator[RecordBatch]:
+            tiered = self._tier_reads(store)
+            if tiered is None:
+                try:
+                    return reader.read_batches(store, start, end, max_records)
+                except OffsetOutOfRange:
+                    # Below the local start: tiered by a process that began tiering
+                    # this log after it was opened here, within the last second?
+                    tiered = self._tier_reads(store, now=True)
+                    if tiered is None:
+                        raise
+            return tiered.read_batches(store, start, end, max_records)
+
+        return self._log._with_store(self._name, read, create=False)
 
     def offset_for_time(self, timestamp_ms: int) -> int | None:
         if type(timestamp_ms) is not int:
             raise ConfigError(f"timestamp_ms must be an int, not {type(timestamp_ms).__name__}")
-        return self._log._with_store(
-            self._name, lambda s: reader.offset_for_time(s, timestamp_ms), create=False
-        )
+
+        def find(store: StreamStore) -> int | None:
+            tiered = self._tier_reads(store)
+            if tiered is None:
+                return reader.offset_for_time(store, timestamp_ms)
+            return tiered.offset_for_time(store, timestamp_ms)
+
+        return self._log._with_store(self._name, find, create=False)
 
     @property
     def start_offset(self) -> int:
-        return self._log._with_store(self._name, lambda s: s.snapshot().start_offset, create=False)
+        def start(store: StreamStore) -> int:
+            tiered = self._tier_reads(store)
+            if tiered is None:
+                return store.snapshot().start_offset
+            return tiered.view(store).start_offset
+
+        return self._log._with_store(self._name, start, create=False)
 
     @property
     def end_offset(self) -> int:
@@ -546,7 +694,9 @@ class SegmentStream(Stream):
 
     def trim(self, before_offset: int) -> None:
         check_offset(before_offset, "before_offset")
-        self._log._with_store(self._name, lambda s: s.trim(before_offset), create=False)
+        self._log._with_store(
+            self._name, lambda s: tiering.trim_stream(s, before_offset), create=False
+        )
 
     def info(self) -> StreamInfo:
         def describe(store: StreamStore) -> StreamInfo:
@@ -561,34 +711,46 @@ class SegmentStream(Stream):
                 }
                 for i, (seg, size) in enumerate(snap.segments)
             ]
+            size_bytes = sum(size for _, size in snap.segments)
+            details: dict[str, Any] = {"segments": segments, "directory": str(store.directory)}
+            start = snap.start_offset
+            manifest = self._log._manifests.get(store.directory)
+            if manifest is not None:
+                tiered = self._log._tiered_reader()
+                view = make_view(snap, manifest)
+                start = view.start_offset
+                size_bytes += sum(seg.size for seg in view.tiered)
+                details["local_start_offset"] = snap.start_offset
+                details["tier_url"] = tiered.tier.url if tiered is not None else None
+                details["tiered"] = [
+                    {
+                        "base_offset": seg.base_offset,
+                        "end_offset": seg.end_offset,
+                        "bytes": seg.size,
+                        "state": seg.state,
+                        "max_timestamp": seg.max_timestamp,
+                        "object": seg.log.key,
+                    }
+                    for seg in manifest.segments
+                ]
+                details["tiered_garbage_objects"] = len(manifest.garbage)
             return StreamInfo(
                 name=self._name,
-                start_offset=snap.start_offset,
+                start_offset=start,
                 end_offset=snap.end_offset,
                 config=self._log._read_config(self._name),  # maintenance settings may change
-                size_bytes=sum(size for _, size in snap.segments),
-                details={"segments": segments, "directory": str(store.directory)},
+                size_bytes=size_bytes,
+                details=details,
             )
 
         return self._log._with_store(self._name, describe, create=False)
 
     def _retention_units(self) -> tuple[list[Unit], int]:
         def units(store: StreamStore) -> tuple[list[Unit], int]:
-            snap = store.snapshot()
-            for _ in range(_GONE_RETRIES):
-                try:
-                    found = []
-                    for seg, size in snap.segments[:-1]:
-                        if seg.end_offset > snap.start_offset:
-                            store.ensure_indexes(seg)
-                            found.append(Unit(seg.base, seg.end_offset, size, seg.max_timestamp))
-                    return found, snap.segments[-1][1]
-                except (SegmentReplaced, FileNotFoundError):
-                    snap = store.snapshot(fresh=True)  # compaction replaced a segment
-            raise CorruptDataError(
-                "segment files keep changing while retention reads them",
-                source=str(store.directory),
-            )
+            tiered = self._tier_reads(store)
+            if tiered is None:
+                return local_units(store, store.snapshot())
+            return tiered.retention_units(store)
 
         return self._log._with_store(self._name, units, create=False)
 
@@ -603,7 +765,12 @@ class SegmentStream(Stream):
             for seg, size in snap.segments[:-1]:
                 if snap.start_offset < seg.end_offset <= before:
                     report.add(segments_deleted=1, bytes_deleted=size)
-            store.trim(before)
+            gone = tiering.trim_stream(store, before)
+            if gone:  # their objects are deleted by collect_garbage after the grace period
+                report.actions.append(
+                    f"{self._name}: {len(gone)} tiered segment{'s' if len(gone) != 1 else ''} "
+                    "left the stream (objects deleted by gc after the grace period)"
+                )
 
         self._log._with_store(self._name, trim, create=False)
         return report

@@ -16,6 +16,7 @@ opens a segment by path checks it got the file it meant (:meth:`Segment.open_log
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import struct
@@ -65,7 +66,7 @@ PEEK, CHECK, DECODE = "peek", "check", "decode"
 
 
 def iter_entries(
-    fd: int,
+    fd: int | Callable[[int, int], bytes],
     source: str,
     start: int,
     end: int,
@@ -77,6 +78,9 @@ def iter_entries(
 ) -> Iterator[Entry]:
     """Walk the entries of a segment file from byte ``start`` to byte ``end``.
 
+    ``fd`` is an open file, or a function ``read(size, position) -> bytes`` in its
+    place (tiered segments are read that way, through the block cache).
+
     Yields ``(position, base_offset, span, header, batch)``. ``mode`` is ``PEEK``
     (header read without checksum: for data verified before), ``CHECK`` (checksummed
     with :func:`check_batch`) or ``DECODE`` (checksummed and decoded into ``batch``).
@@ -85,6 +89,7 @@ def iter_entries(
     entry runs past ``end`` or the file, :class:`CorruptDataError` for anything
     invalid, both naming ``source`` and the entry's byte position.
     """
+    read = fd if callable(fd) else functools.partial(os.pread, fd)
     pos = start
     buf = b""
     buf_pos = start
@@ -92,7 +97,7 @@ def iter_entries(
         while pos < end:
             off = pos - buf_pos
             if len(buf) - off < _PEEK:
-                buf = os.pread(fd, min(READ_CHUNK, end - pos), pos)
+                buf = read(min(READ_CHUNK, end - pos), pos)
                 buf_pos, off = pos, 0
             if len(buf) - off < ENTRY_PREFIX_SIZE + PREFIX_SIZE:
                 raise IncompleteBatchError("entry cut short", position=0)
@@ -106,7 +111,7 @@ def iter_entries(
                     position=0,
                 )
             if len(buf) - off < total:
-                buf = os.pread(fd, max(total, min(READ_CHUNK, end - pos)), pos)
+                buf = read(max(total, min(READ_CHUNK, end - pos)), pos)
                 buf_pos, off = pos, 0
                 if len(buf) < total:
                     raise IncompleteBatchError("file shorter than the entry", position=0)

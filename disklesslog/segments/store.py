@@ -110,6 +110,7 @@ class StreamStore:
         self._active_fd = -1
         self._state = StreamState()
         self._state_raw = b""
+        self._lock_held = False  # _locked() is reentrant (see there)
         try:
             self._lock_fd = os.open(directory / STATE, os.O_RDWR)
         except FileNotFoundError:
@@ -132,10 +133,18 @@ class StreamStore:
 
     @contextlib.contextmanager
     def _locked(self) -> Iterator[None]:
+        # Reentrant, so that trim() may run inside locked() (tiering moves the manifest
+        # and the start offset under one hold). Every caller holds the mutex, so the
+        # flag is only ever seen by the thread that set it.
+        if self._lock_held:
+            yield
+            return
         fcntl.flock(self._lock_fd, fcntl.LOCK_EX)
+        self._lock_held = True
         try:
             yield
         finally:
+            self._lock_held = False
             fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
 
     @property

@@ -1,0 +1,487 @@
+"""Where a local log tiers its closed segments, and the object access tiering needs.
+
+A log gets its tier the first time it is opened with ``tier_url=``: the URL is written
+to ``<log>/tier.json`` (once, atomically), so every later open by any process reads
+the tiered part without being told. Storage options (credentials) are never written:
+they come from ``tier_storage_options=`` or the environment, per process.
+
+The tier location holds ``disklesslog.json`` naming the log it belongs to (a random
+id from ``tier.json``). Garbage collection deletes objects under the prefix that no
+manifest of *this* log names, so two logs sharing a prefix would delete each other's
+segments: a second log is refused instead.
+
+Objects are written once under content-addressed keys (``docs/format.md`` 2.8), and a
+write counts only when it is read back with the expected size and CRC-32C. Reads go
+through the process-wide :class:`~disklesslog.objects.cache.BlockCache`, like the
+object backend's, so a tiered segment is fetched at most once per process while hot.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import functools
+import json
+import logging
+import os
+import random
+import secrets
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+from fsspec.implementations.memory import MemoryFileSystem
+
+from ..errors import ConfigError, DataLossError, DisklessLogError, InvalidURL
+from ..format import crc32c
+from ..markers import MARKER, check_marker
+from ..metrics import Metrics
+from ..objects.cache import default_cache
+from ..objects.storage import open_filesystem
+from ..sequencers.conditional import put_if_absent
+from .layout import TMP, fsync_directory
+
+__all__ = ["CONFIG_FILE", "STREAMS_PREFIX", "Tier", "configure_tier", "persisted_tier_url"]
+
+log = logging.getLogger("disklesslog")
+
+CONFIG_FILE = "tier.json"
+"""In the log directory: the tier URL and the log's id, written once."""
+KIND = "disklesslog-tier"
+VERSION = 1
+STREAMS_PREFIX = "streams"
+"""Folder (key prefix) of every tiered object under the tier URL."""
+CHUNK = 8 << 20
+"""Bytes per read and write when streaming a segment up or reading it back."""
+PUT_ATTEMPTS = 5
+RETRY_DELAY = 0.05
+
+
+# ------------------------------------------------------------ configuration
+
+
+def _normalized(url: object) -> str:
+    if not isinstance(url, str) or not url.strip():
+        raise InvalidURL(
+            f"tier_url must be a non-empty URL such as s3://bucket/prefix, not {url!r}"
+        )
+    if "://" not in url:
+        raise InvalidURL(
+            f"tier_url {url!r} is not a URL: give the object store and prefix, e.g. "
+            "s3://bucket/prefix, gs://bucket/prefix, or file:///path for a directory"
+        )
+    return url.rstrip("/")
+
+
+def persisted_tier_url(root: Path) -> tuple[str, str] | None:
+    """``(tier URL, log id)`` from ``<root>/tier.json``, or ``None`` if never tiered."""
+    path = root / CONFIG_FILE
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        return None
+    try:
+        content = json.loads(raw)
+        if content.get("format") != KIND or content.get("version") != VERSION:
+            raise ValueError(f"not a version {VERSION} {KIND} file")
+        url, log_id = content["url"], content["log_id"]
+        if not isinstance(url, str) or not isinstance(log_id, str):
+            raise ValueError("url and log_id must be strings")
+    except (ValueError, KeyError, AttributeError) as exc:
+        raise ConfigError(
+            f"{path} is unreadable ({exc}); it names this log's tier: restore it, or remove "
+            "it only if nothing was ever tiered"
+        ) from None
+    return _normalized(url), log_id
+
+
+def _persist(root: Path, url: str, *, sync: bool) -> tuple[str, str]:
+    """Write ``tier.json`` unless it exists (``link(2)`` refuses to replace it, so of
+    racing processes one wins); returns what is there now."""
+    content = {"format": KIND, "version": VERSION, "url": url, "log_id": secrets.token_hex(16)}
+    temporary = root / TMP / f"{CONFIG_FILE}.{secrets.token_hex(8)}"
+    temporary.write_text(json.dumps(content) + "\n")
+    try:
+        if sync:
+            with open(temporary, "rb") as f:
+                os.fsync(f.fileno())
+        with contextlib.suppress(FileExistsError):
+            os.link(temporary, root / CONFIG_FILE)
+            if sync:
+                fsync_directory(root)
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
+    found = persisted_tier_url(root)
+    if found is None:
+        raise OSError(f"{root / CONFIG_FILE} vanished right after it was written")
+    return found
+
+
+def configure_tier(
+    root: Path,
+    tier_url: str | None,
+    storage_options: Mapping[str, Any] | None,
+    metrics: Metrics,
+    *,
+    sync: bool,
+) -> Tier | None:
+    """The tier of the log at ``root``: the persisted one, or ``tier_url`` persisted now.
+
+    A ``tier_url`` other than the persisted one is a :class:`ConfigError` (a log's
+    tiered segments cannot move by reopening it elsewhere).
+    """
+    if storage_options is not None and not isinstance(storage_options, Mapping):
+        raise ConfigError(
+            f"tier_storage_options must be a mapping of fsspec options, not {storage_options!r}"
+        )
+    wanted = None if tier_url is None else _normalized(tier_url)
+    persisted = persisted_tier_url(root)
+    if persisted is None and wanted is None and storage_options:
+        raise ConfigError(
+            "tier_storage_options were given but this log has no tier: pass tier_url too"
+        )
+    if persisted is not None and wanted is not None and wanted != persisted[0]:
+        raise ConfigError(
+            f"this log tiers to {persisted[0]} (recorded in {root / CONFIG_FILE}), not "
+            f"{wanted}: its tiered segments cannot move; open it without tier_url or with "
+            "that URL"
+        )
+    if persisted is not None:
+        return Tier(persisted[0], persisted[1], storage_options, metrics, sync=sync)
+    if wanted is None:
+        return None
+    tier = Tier(wanted, "", storage_options, metrics, sync=sync)
+    tier.connect()  # a bad URL or a missing client fails here, before anything is written
+    if tier.local_path is not None:
+        inside = Path(tier.local_path).resolve()
+        log_root = root.resolve()
+        if inside == log_root or log_root in inside.parents or inside in log_root.parents:
+            raise InvalidURL(
+                f"tier_url {wanted} overlaps the log directory {root}: tier to a directory "
+                "outside it (or to object storage)"
+            )
+    tier.check_owner(None)  # as does a location that belongs to another log
+    url, log_id = _persist(root, wanted, sync=sync)
+    if url != wanted:
+        raise ConfigError(f"another process configured this log to tier to {url} just now")
+    tier.log_id = log_id
+    tier.check_owner(log_id, claim=True)
+    return tier
+
+
+# --------------------------------------------------------------- the tier
+
+
+class Tier:
+    """The object storage of one log's tiered segments (thread-safe)."""
+
+    def __init__(
+        self,
+        url: str,
+        log_id: str,
+        storage_options: Mapping[str, Any] | None,
+        metrics: Metrics,
+        *,
+        sync: bool = True,
+    ) -> None:
+        self.url = url
+        self.sync = sync
+        """Whether objects written to a local directory are fsynced (the log's policy)."""
+        self.log_id = log_id
+        self.metrics = metrics
+        self._storage_options = storage_options
+        self._lock = threading.Lock()
+        self._connected: tuple[Any, str] | None = None
+        self._local = self._memory = False  # set by connect()
+        self._owner_checked = False
+
+    def __repr__(self) -> str:
+        return f"Tier({self.url!r})"
+
+    def connect(self) -> tuple[Any, str]:
+        """The filesystem client and root, opened on first use: a bad URL raises
+        :class:`InvalidURL`, a missing client library :class:`MissingDependencyError`.
+        (A process opening a tiered log needs no client until it reads a tiered
+        segment or runs tiering.)"""
+        with self._lock:
+            if self._connected is None:
+                fs, root = open_filesystem(self.url, self._storage_options)
+                protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
+                self._local = protocol in ("file", "local")
+                self._memory = isinstance(fs, MemoryFileSystem)
+                self._connected = fs, root
+            return self._connected
+
+    @property
+    def local_path(self) -> str | None:
+        """The tier's root as a local directory, if it is one."""
+        root = self.root
+        return root if self._local else None
+
+    @property
+    def fs(self) -> Any:
+        return (self._connected or self.connect())[0]
+
+    @property
+    def root(self) -> str:
+        return (self._connected or self.connect())[1]
+
+    def path(self, key: str) -> str:
+        return f"{self.root}/{key}"
+
+    def object_url(self, key: str) -> str:
+        """How messages and the block cache name an object."""
+        return f"{self.url}/{key}"
+
+    # ------------------------------------------------------------ ownership
+
+    def check_owner(self, log_id: str | None, *, claim: bool = False) -> None:
+        """Refuse a tier location that belongs to another log or holds something else
+        (``log_id=None``: refuse any claimed location); with ``claim``, mark an
+        unclaimed one as this log's. Checked once per process."""
+        if self._owner_checked:
+            return
+        marker = self.path(MARKER)
+        raw = self._read_marker(marker)
+        if raw is None:
+            if not (claim and log_id):
+                return
+            data = json.dumps({"format": KIND, "version": VERSION, "log_id": log_id}) + "\n"
+            if put_if_absent(self.fs, marker, data.encode()):
+                self._owner_checked = True
+                return
+            raw = self._read_marker(marker)
+            if raw is None:
+                raise OSError(f"{self.object_url(MARKER)} exists and then does not: retry")
+        check_marker(raw, kind=KIND, version=VERSION, where=self.url)
+        owner = json.loads(raw).get("log_id")
+        if owner != log_id:
+            raise ConfigError(
+                f"{self.url} holds the tiered segments of another log (id {owner}); "
+                "give every log a tier prefix of its own"
+            )
+        self._owner_checked = True
+
+    def _read_marker(self, path: str) -> bytes | None:
+        try:
+            return bytes(self.fs.cat_file(path))
+        except FileNotFoundError:
+            return None
+
+    # ---------------------------------------------------------------- writes
+
+    def store(
+        self,
+        key: str,
+        data: bytes | int,
+        size: int,
+        crc: int,
+        progress: Callable[[int], None] | None = None,
+    ) -> bool:
+        """Make ``key`` hold ``size`` bytes with CRC-32C ``crc``: ``data`` itself, or the
+        file open as descriptor ``data`` (streamed, never read whole into memory).
+
+        An object already there with that size and checksum is adopted (a crashed or
+        concurrent run uploaded it): returns False. Otherwise uploads, retrying with
+        backoff, and returns True once the object reads back right. Keys are content
+        addressed, so rewriting one writes the same bytes.
+        """
+        if self.checksum(key, size) == (size, crc):
+            return False
+        problem: BaseException | None = None
+        reported = 0  # bytes told to progress: a retry reports only what goes beyond
+
+        def sent(count: int, total: list[int]) -> None:
+            nonlocal reported
+            total[0] += count
+            if progress is not None and total[0] > reported:
+                progress(total[0] - reported)
+                reported = total[0]
+
+        for attempt in range(1, PUT_ATTEMPTS + 1):
+            try:
+                self._upload(key, data, size, functools.partial(sent, total=[0]))
+                found = self.checksum(key, size)
+                if found == (size, crc):
+                    self.metrics.add("tier_puts")
+                    self.metrics.add("tier_put_bytes", size)
+                    return True
+                problem = OSError(
+                    f"{self.object_url(key)} reads back as {found} (size, crc32c), "
+                    f"expected {(size, crc)}"
+                )
+            except DisklessLogError:
+                raise
+            except Exception as exc:  # clients raise their own transient errors
+                problem = exc
+            self.metrics.add("tier_put_errors")
+            if attempt < PUT_ATTEMPTS:
+                time.sleep(RETRY_DELAY * 2 ** (attempt - 1) * (0.5 + random.random()))
+        raise OSError(
+            f"could not store {self.object_url(key)} after {PUT_ATTEMPTS} attempts: {problem}"
+        ) from problem
+
+    def _upload(
+        self, key: str, data: bytes | int, size: int, progress: Callable[[int], None]
+    ) -> None:
+        """One attempt at writing an object. On object stores a PUT (or a multipart
+        upload, completed only on success) is atomic; on a local or network disk the
+        bytes go to a temporary file that is synced and renamed into place; fsspec's
+        memory files are visible while written, so they get the whole bytes at once."""
+        path = self.path(key)
+        if self._local:
+            self._write_local(path, data, size, progress, sync=self.sync)
+        elif isinstance(data, bytes) or self._memory:
+            whole = data if isinstance(data, bytes) else _pread_all(data, size)
+            self.fs.pipe_file(path, whole)
+            progress(len(whole))
+        else:
+            out = self.fs.open(path, "wb")
+            try:
+                for chunk in _chunks(data, size):
+                    out.write(chunk)
+                    progress(len(chunk))
+            except BaseException:
+                with contextlib.suppress(Exception):
+                    out.discard()  # abort a multipart upload instead of completing it
+                out.closed = True  # and never complete it later (close() would)
+                raise
+            out.close()
+
+    @staticmethod
+    def _write_local(
+        path: str, data: bytes | int, size: int, progress: Callable[[int], None], *, sync: bool
+    ) -> None:
+        directory = os.path.dirname(path)
+        os.makedirs(directory, exist_ok=True)
+        temporary = f"{path}.tmp-{secrets.token_hex(8)}"
+        try:
+            with open(temporary, "xb") as out:
+                for chunk in [data] if isinstance(data, bytes) else _chunks(data, size):
+                    out.write(chunk)
+                    progress(len(chunk))
+                out.flush()
+                if sync:
+                    os.fsync(out.fileno())
+            os.replace(temporary, path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(temporary)
+            raise
+        if sync:
+            fsync_directory(Path(directory))
+
+    def checksum(self, key: str, expected_size: int) -> tuple[int, int] | None:
+        """``(size, crc32c)`` of the object as stored, read back in full; ``None`` if it
+        is missing. An object of another size is not read (its CRC is then 0)."""
+        path = self.path(key)
+        with contextlib.suppress(Exception):
+            self.fs.invalidate_cache(path)
+        try:
+            size = int(self.fs.info(path)["size"])
+        except FileNotFoundError:
+            return None
+        if size != expected_size:
+            return size, 0
+        crc, position = 0, 0
+        while position < size:
+            chunk = bytes(self.fs.cat_file(path, start=position, end=min(size, position + CHUNK)))
+            if not chunk:
+                break
+            crc = crc32c(chunk, crc)
+            position += len(chunk)
+        return position, crc
+
+    def delete(self, keys: list[str]) -> int:
+        """Delete objects (missing ones are fine); returns how many existed."""
+        deleted = 0
+        for key in keys:
+            try:
+                self.fs.rm_file(self.path(key))
+            except FileNotFoundError:
+                continue
+            deleted += 1
+            self.metrics.add("tier_deletes")
+        return deleted
+
+    def list_objects(self) -> list[tuple[str, float | None]]:
+        """``(key, modified time in seconds or None)`` of every object under
+        ``streams/``: what garbage collection reconciles against the manifests."""
+        prefix = self.path(STREAMS_PREFIX)
+        with contextlib.suppress(Exception):
+            self.fs.invalidate_cache(prefix)
+        try:
+            found = self.fs.find(prefix, detail=True)
+        except FileNotFoundError:
+            return []
+        root = self.root.strip("/")
+        result = []
+        for path, info in found.items():
+            relative = str(path).strip("/")
+            if info.get("type", "file") == "file" and relative.startswith(root + "/"):
+                result.append((relative[len(root) + 1 :], _modified(info)))
+        return sorted(result)
+
+    # ----------------------------------------------------------------- reads
+
+    def get_range(self, key: str, start: int, end: int) -> bytes:
+        """Bytes ``[start, end)`` of an object; a missing one is :class:`DataLossError`."""
+        started = time.monotonic()
+        try:
+            data = self.fs.cat_file(self.path(key), start=start, end=end)
+        except FileNotFoundError:
+            raise DataLossError(
+                f"tiered object {self.object_url(key)} is missing although the stream's "
+                "manifest lists it (deleted by hand, or garbage collection ran with too "
+                "short a grace period); the records in it are lost",
+                source=self.object_url(key),
+            ) from None
+        self.metrics.observe("tier_get", time.monotonic() - started)
+        self.metrics.add("tier_get_bytes", len(data))
+        return bytes(data)
+
+    def read(self, key: str, start: int, end: int) -> bytes:
+        """Bytes ``[start, end)`` of an immutable tiered object through the block cache."""
+
+        def fetch(range_start: int, range_end: int) -> bytes:
+            return self.get_range(key, range_start, range_end)
+
+        return default_cache().read(self.object_url(key), start, end, fetch, metrics=self.metrics)
+
+
+def _chunks(fd: int, size: int) -> Iterator[bytes]:
+    """The first ``size`` bytes of an open file, ``CHUNK`` at a time."""
+    position = 0
+    while position < size:
+        chunk = os.pread(fd, min(CHUNK, size - position), position)
+        if not chunk:
+            raise OSError(f"the file ends at byte {position}, expected {size} bytes")
+        yield chunk
+        position += len(chunk)
+
+
+def _pread_all(fd: int, size: int) -> bytes:
+    return b"".join(_chunks(fd, size))
+
+
+def _modified(info: Mapping[str, Any]) -> float | None:
+    """An fsspec listing entry's modification time in seconds, whatever the client
+    calls it (``LastModified`` s3fs, ``updated`` gcsfs, ``last_modified`` adlfs,
+    ``mtime`` local, ``created`` memory)."""
+    for name in ("LastModified", "last_modified", "updated", "mtime", "modified", "created"):
+        value = info.get(name)
+        if value is None:
+            continue
+        if isinstance(value, datetime.datetime):
+            if value.tzinfo is None:
+                value = value.replace(tzinfo=datetime.timezone.utc)
+            return value.timestamp()
+        if isinstance(value, int | float):
+            return float(value)
+        if isinstance(value, str):
+            with contextlib.suppress(ValueError):
+                return datetime.datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+    return None
