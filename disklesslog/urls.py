@@ -8,6 +8,7 @@ its sequencers) plug in here without touching callers.
 
 from __future__ import annotations
 
+import importlib
 import os
 from collections.abc import Callable
 from typing import Any
@@ -22,20 +23,22 @@ BackendFactory = Callable[[str, str, dict[str, Any]], AbstractLog]
 """``factory(url, location, options) -> AbstractLog``; ``location`` is the path for
 local URLs and the URL itself otherwise."""
 
-_FACTORIES: dict[str, BackendFactory] = {}
+_FACTORIES: dict[str, BackendFactory | str] = {}
 _SCHEMES: dict[str, str] = {}
 _FALLBACKS: list[tuple[Callable[[str], bool], str]] = []
 
 
 def register_backend(
     name: str,
-    factory: BackendFactory,
+    factory: BackendFactory | str,
     *,
     schemes: tuple[str, ...] = (),
     fallback: Callable[[str], bool] | None = None,
 ) -> None:
     """Register ``factory`` as backend ``name``, the default for ``schemes`` and for any
-    other scheme ``fallback`` accepts (e.g. every protocol fsspec knows)."""
+    other scheme ``fallback`` accepts (e.g. every protocol fsspec knows). ``factory`` may
+    be ``"module:function"``, imported when the backend is first used (so importing
+    disklesslog does not load every backend's dependencies)."""
     _FACTORIES[name] = factory
     for scheme in schemes:
         _SCHEMES[scheme] = name
@@ -88,4 +91,7 @@ def open_log(
     factory = _FACTORIES.get(name)
     if factory is None:
         raise InvalidURL(f"unknown backend {name!r}; registered: {sorted(_FACTORIES)}")
+    if isinstance(factory, str):
+        module, _, attribute = factory.partition(":")
+        factory = _FACTORIES[name] = getattr(importlib.import_module(module), attribute)
     return factory(url, location, options)

@@ -201,39 +201,68 @@ def log(log_factory: LogFactory) -> AbstractLog:
     return log_factory()
 
 
-MAINTENANCE_BACKENDS = [
-    pytest.param(Backend("segments", _segments), id="segments"),
-    pytest.param(Backend("memory", _memory, objects=True), id="memory"),
-    pytest.param(
-        Backend("file-objectstore", _file_objectstore, objects=True), id="file-objectstore"
-    ),
-    pytest.param(
-        Backend("file-postgres", _file_postgres, objects=True),
-        id="file-postgres",
-        marks=pytest.mark.postgres,
-    ),
-    pytest.param(Backend("s3", _s3, objects=True), id="s3", marks=pytest.mark.s3),
-]
-"""Where the maintenance tests run: local segments; the object backend on ``memory://``
-(memory sequencer), ``file://`` (object-store sequencer) and ``file://`` with
-PostgreSQL; and on the moto S3 server in the default suite too, since maintenance is
-where object logs differ most from local ones."""
+def _maintenance_backends(*, fast_servers: bool) -> list[Any]:
+    """Local segments; the object backend on ``memory://`` (memory sequencer), ``file://``
+    (object-store sequencer) and ``file://`` with PostgreSQL; and the moto S3 server,
+    marked slow (an HTTP round trip per request, and maintenance makes many) unless
+    ``fast_servers``: the whole suite runs every test there, the default suite only the
+    tests marked ``all_backends`` (one or two per operation)."""
+    server = [] if fast_servers else [pytest.mark.slow]
+    return [
+        pytest.param(Backend("segments", _segments), id="segments"),
+        pytest.param(Backend("memory", _memory, objects=True), id="memory"),
+        pytest.param(
+            Backend("file-objectstore", _file_objectstore, objects=True), id="file-objectstore"
+        ),
+        pytest.param(
+            Backend("file-postgres", _file_postgres, objects=True),
+            id="file-postgres",
+            marks=pytest.mark.postgres,
+        ),
+        pytest.param(Backend("s3", _s3, objects=True), id="s3", marks=[pytest.mark.s3, *server]),
+    ]
 
 
-@pytest.fixture(params=MAINTENANCE_BACKENDS)
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """Parametrize the maintenance fixtures: every backend, S3 runs marked slow unless
+    the test is marked ``all_backends``."""
+    fast = metafunc.definition.get_closest_marker("all_backends") is not None
+    backends = _maintenance_backends(fast_servers=fast)
+    if "maintenance_factory" in metafunc.fixturenames:
+        metafunc.parametrize("maintenance_factory", backends, indirect=True)
+    if "object_maintenance_factory" in metafunc.fixturenames:
+        objects = [p for p in backends if p.values[0].objects]
+        metafunc.parametrize("object_maintenance_factory", objects, indirect=True)
+
+
+@pytest.fixture
 def maintenance_factory(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[LogFactory]:
+    """Opens logs of one maintenance backend (see :func:`_maintenance_backends`)."""
     factory = LogFactory(request.param, tmp_path, request)
     yield factory
     factory.close_all()
 
 
-@pytest.fixture(params=[p for p in MAINTENANCE_BACKENDS if p.values[0].objects])
+@pytest.fixture
 def object_maintenance_factory(
     request: pytest.FixtureRequest, tmp_path: Path
 ) -> Iterator[LogFactory]:
-    """The object-storage params of :data:`MAINTENANCE_BACKENDS` (memory, file with the
-    object-store sequencer, file with PostgreSQL, moto S3): for the maintenance that
+    """The object-storage backends of :func:`_maintenance_backends`: for the maintenance
     only object logs have (merging, garbage collection) and their compaction details."""
     factory = LogFactory(request.param, tmp_path, request)
     yield factory
     factory.close_all()
+
+
+_SERVER_MARKS = ("s3", "azure", "gcs")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under pytest-xdist (``--dist loadgroup``), run every test of one emulator on one
+    worker: each (moto, Azurite, fake-gcs-server) then starts once per run instead of
+    once per worker. PostgreSQL's tests are many and spread: it starts per worker."""
+    for item in items:
+        for mark in _SERVER_MARKS:
+            if item.get_closest_marker(mark) is not None:
+                item.add_marker(pytest.mark.xdist_group(mark))
+                break

@@ -4,12 +4,19 @@ fsspec protocol, or ``file://`` with ``backend="objects"``.
 Each writer flushes one object (batches of many streams) and makes one sequencer
 commit; readers find batch locations in the sequencer and read byte ranges through a
 process-wide block cache.
+
+The backend registers itself by name and loads when a log is first opened with it:
+importing disklesslog (or this package, e.g. for its storage helpers) stays cheap.
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from ..urls import register_backend
-from .log import ObjectLog, ObjectStream, open_object_log
+
+if TYPE_CHECKING:
+    from .log import ObjectLog, ObjectStream
 
 __all__ = ["ObjectLog", "ObjectStream"]
 
@@ -22,4 +29,14 @@ def _fsspec_knows(scheme: str) -> bool:
     return scheme in fsspec.available_protocols() or scheme in fsspec.registry
 
 
-register_backend("objects", open_object_log, schemes=SCHEMES, fallback=_fsspec_knows)
+def __getattr__(name: str) -> Any:
+    if name in __all__:
+        from . import log  # noqa: PLC0415 - loaded on first use
+
+        return getattr(log, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+register_backend(
+    "objects", "disklesslog.objects.log:open_object_log", schemes=SCHEMES, fallback=_fsspec_knows
+)

@@ -32,15 +32,10 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from fsspec.implementations.memory import MemoryFileSystem
-
 from ..errors import ConfigError, DataLossError, DisklessLogError, InvalidURL
 from ..format import crc32c
 from ..markers import MARKER, check_marker
 from ..metrics import Metrics
-from ..objects.cache import default_cache
-from ..objects.storage import open_filesystem
-from ..sequencers.conditional import put_if_absent
 from .layout import TMP, fsync_directory
 
 __all__ = ["CONFIG_FILE", "STREAMS_PREFIX", "Tier", "configure_tier", "persisted_tier_url"]
@@ -49,6 +44,8 @@ log = logging.getLogger("disklesslog")
 
 CONFIG_FILE = "tier.json"
 """In the log directory: the tier URL and the log's id, written once."""
+# fsspec, the block cache and the object storage helpers are imported where a tier is
+# first used: a local log that never tiers does not load them.
 KIND = "disklesslog-tier"
 VERSION = 1
 STREAMS_PREFIX = "streams"
@@ -208,6 +205,10 @@ class Tier:
         segment or runs tiering.)"""
         with self._lock:
             if self._connected is None:
+                from fsspec.implementations.memory import MemoryFileSystem  # noqa: PLC0415
+
+                from ..objects.storage import open_filesystem  # noqa: PLC0415 - on first use
+
                 fs, root = open_filesystem(self.url, self._storage_options)
                 protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
                 self._local = protocol in ("file", "local")
@@ -250,6 +251,8 @@ class Tier:
             if not (claim and log_id):
                 return
             data = json.dumps({"format": KIND, "version": VERSION, "log_id": log_id}) + "\n"
+            from ..sequencers.conditional import put_if_absent  # noqa: PLC0415 - rare
+
             if put_if_absent(self.fs, marker, data.encode()):
                 self._owner_checked = True
                 return
@@ -448,6 +451,8 @@ class Tier:
 
         def fetch(range_start: int, range_end: int) -> bytes:
             return self.get_range(key, range_start, range_end)
+
+        from ..objects.cache import default_cache  # noqa: PLC0415 - only for tiered reads
 
         return default_cache().read(self.object_url(key), start, end, fetch, metrics=self.metrics)
 

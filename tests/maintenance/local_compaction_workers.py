@@ -56,6 +56,7 @@ def read(directory: str, stop: str) -> tuple[str, dict[int, int], int]:
     reads = 0
     with disklesslog.open(directory, fsync="never") as log:
         stream = log.stream("s")
+        Path(f"{stop}.reader-ready").touch()
         while not Path(stop).exists():
             last = -1
             try:
@@ -83,6 +84,7 @@ def compact(directory: str, stop: str) -> tuple[str, int]:
     ("" if none) and the number of passes that rewrote segments."""
     passes = 0
     with disklesslog.open(directory, fsync="never") as log:
+        Path(f"{stop}.compactor-ready").touch()
         while not Path(stop).exists():
             try:
                 if "s" in log.streams():

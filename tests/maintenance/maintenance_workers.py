@@ -4,9 +4,11 @@ until it is killed."""
 
 from __future__ import annotations
 
+import os
 import random
 import time
 import traceback
+from pathlib import Path
 from typing import Any
 
 import disklesslog
@@ -22,19 +24,42 @@ PAD = b"." * 60
 Acked = tuple[str, int, bytes | None, bytes]  # stream, offset, key, value
 
 
+def start_together(gate: str | None, parties: int) -> None:
+    """Wait until ``parties`` processes have reached this point (each leaves a file in
+    the ``gate`` directory): spawned interpreters start at different times under load,
+    and a time-bounded run only tests something while they overlap."""
+    if gate is None:
+        return
+    Path(gate, f"{os.getpid()}").touch()
+    deadline = time.monotonic() + 120
+    while len(os.listdir(gate)) < parties:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"only {len(os.listdir(gate))} of {parties} processes started")
+        time.sleep(0.01)
+
+
 def key_of(value: bytes) -> bytes:
     """The key a keyed record's value names: values are ``key@writer-seq....``."""
     return value.split(b"@", 1)[0]
 
 
-def write_for(url: str, sequencer: str, writer_no: int, seconds: float) -> list[Acked]:
-    """Append to every stream for ``seconds``; returns each acknowledged record."""
+def write_for(
+    url: str,
+    sequencer: str,
+    writer_no: int,
+    seconds: float,
+    gate: str | None = None,
+    parties: int = 0,
+) -> list[Acked]:
+    """Append to every stream for ``seconds`` (after :func:`start_together`); returns
+    each acknowledged record."""
     rng = random.Random(writer_no)
     pending: list[tuple[str, bytes | None, bytes, Any]] = []
     with (
         disklesslog.open(url, backend="objects", sequencer=sequencer) as log,
         log.writer(linger_ms=20) as writer,
     ):
+        start_together(gate, parties)
         deadline = time.monotonic() + seconds
         seq = 0
         while time.monotonic() < deadline:
@@ -52,7 +77,9 @@ def write_for(url: str, sequencer: str, writer_no: int, seconds: float) -> list[
     return [(stream, future.result(), k, value) for stream, k, value, future in pending]
 
 
-def read_for(url: str, sequencer: str, seconds: float) -> tuple[int, list[str]]:
+def read_for(
+    url: str, sequencer: str, seconds: float, gate: str | None = None, parties: int = 0
+) -> tuple[int, list[str]]:
     """Read every stream over and over for ``seconds``, whole and from random offsets,
     checking order, content, and that an offset always holds the same record. Returns
     ``(full reads, problems)``; reading below a start offset that retention just moved
@@ -62,6 +89,7 @@ def read_for(url: str, sequencer: str, seconds: float) -> tuple[int, list[str]]:
     problems: list[str] = []
     reads = 0
     with disklesslog.open(url, backend="objects", sequencer=sequencer) as log:
+        start_together(gate, parties)
         deadline = time.monotonic() + seconds
         while time.monotonic() < deadline and len(problems) < 10:
             for stream in STREAMS:
@@ -110,7 +138,12 @@ def maintain(log: disklesslog.Log, grace: float, target_bytes: int = 16 << 10) -
 
 
 def maintain_for(
-    url: str, sequencer: str, seconds: float, grace: float
+    url: str,
+    sequencer: str,
+    seconds: float,
+    grace: float,
+    gate: str | None = None,
+    parties: int = 0,
 ) -> tuple[dict[str, int], list[str]]:
     """Run :func:`maintain` over and over for ``seconds``; returns the summed counts and
     any failure (there must be none). A SequencerConflict (the object-store sequencer
@@ -119,6 +152,7 @@ def maintain_for(
     counts: dict[str, int] = {"conflicts": 0}
     problems: list[str] = []
     with disklesslog.open(url, backend="objects", sequencer=sequencer) as log:
+        start_together(gate, parties)
         deadline = time.monotonic() + seconds
         while time.monotonic() < deadline:
             try:

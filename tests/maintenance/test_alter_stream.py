@@ -25,6 +25,7 @@ def test_altered_retention_applies_everywhere(maintenance_factory) -> None:  # t
     assert other.stream("s").config.retention_bytes == 10**6
 
 
+@pytest.mark.all_backends
 def test_only_maintenance_settings_may_change(maintenance_factory) -> None:  # type: ignore[no-untyped-def]
     log = maintenance_factory()
     log.create_stream("s")

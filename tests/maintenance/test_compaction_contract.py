@@ -94,6 +94,7 @@ def _compacted_range(log: disklesslog.Log, name: str, before: list[Row], horizon
     pytest.fail(f"no compacted range [0, x) with x >= {tail_start} explains the result")
 
 
+@pytest.mark.all_backends
 @pytest.mark.parametrize("seed", [1, 2, 3])
 def test_compaction_keeps_the_latest_record_per_key(maintenance_factory, seed: int) -> None:  # type: ignore[no-untyped-def]
     log = maintenance_factory(**COMPACTED)
@@ -235,7 +236,7 @@ def test_compaction_runs_while_writers_and_readers_work(maintenance_factory) -> 
 
     def write() -> None:
         try:
-            for i in range(120):
+            for i in range(60):
                 keys = [b"k%02d" % ((i * 5 + j) % 30) for j in range(5)]
                 values = [b"%s@%d" % (key, i * 5 + j) + b"y" * 100 for j, key in enumerate(keys)]
                 offsets = stream.append_batch(values, keys=keys, timestamps=NOW)

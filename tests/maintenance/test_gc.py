@@ -55,6 +55,7 @@ def test_exactly_the_unreferenced_objects_go_after_the_grace(object_maintenance_
     assert not again.changed and again.objects_deleted == 0  # idempotent
 
 
+@pytest.mark.all_backends
 def test_reconcile_takes_old_unknown_objects_only(object_maintenance_factory) -> None:  # type: ignore[no-untyped-def]
     log = object_maintenance_factory()
     objects = as_objects(log)
@@ -126,6 +127,7 @@ def test_progress_and_bad_grace_periods(object_maintenance_factory) -> None:  # 
         log.maintain(grace_seconds=-1)
 
 
+@pytest.mark.all_backends
 def test_maintain_compacts_merges_and_collects(object_maintenance_factory) -> None:  # type: ignore[no-untyped-def]
     log = object_maintenance_factory(cleanup_policy="compact", segment_bytes=4096)
     items = [(b"k%d" % (i % 5), b"v%04d" % i + b"x" * 100, 1_000 + i) for i in range(400)]

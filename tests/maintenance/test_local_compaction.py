@@ -493,6 +493,10 @@ def _run_concurrently(path: Path, count: int) -> None:
     with ProcessPoolExecutor(3, mp_context=SPAWN) as pool:
         reader = pool.submit(read, str(path), str(stop))
         compactor = pool.submit(compact, str(path), str(stop))
+        deadline = time.monotonic() + 120  # spawned interpreters start slowly under load
+        while not all(Path(f"{stop}.{who}-ready").exists() for who in ("reader", "compactor")):
+            assert time.monotonic() < deadline, "reader or compactor never started"
+            time.sleep(0.01)
         acked = pool.submit(write, str(path), count, 1).result(timeout=300)
         time.sleep(0.2)  # let the others see the last appends
         stop.touch()

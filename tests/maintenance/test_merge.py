@@ -106,6 +106,7 @@ def test_merging_keeps_every_record_and_byte_and_cuts_the_gets_of_a_read(  # typ
     assert not again.changed and again.objects_written == again.objects_read == 0
 
 
+@pytest.mark.all_backends
 def test_small_young_runs_wait_and_old_ones_merge_whole(object_maintenance_factory) -> None:  # type: ignore[no-untyped-def]
     log = object_maintenance_factory()
     _fill(log, flushes=10)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import random
 
+import pytest
 from object_support import Row, as_objects, model, rows, write
 
 import disklesslog
@@ -138,6 +139,7 @@ def test_reads_from_anywhere_skip_offsets_without_records(  # type: ignore[no-un
     assert [r.offset for r in followed] == offsets
 
 
+@pytest.mark.all_backends
 def test_everything_may_vanish(object_maintenance_factory) -> None:  # type: ignore[no-untyped-def]
     """Expired tombstones older than segment_ms are all cleanable, the tail included, and
     all go: the stream keeps its end offset and reads nothing."""

@@ -99,11 +99,15 @@ def _run_together(tmp_path: Path, seconds: float, sequencer: str = SEQUENCER) ->
     url = f"file://{tmp_path}/log"
     with _open(tmp_path, sequencer) as log:
         _create_streams(log)
+    gate = tmp_path / "gate"
+    gate.mkdir()
+    together = (str(gate), 5)
     with ProcessPoolExecutor(5, mp_context=SPAWN) as pool:
-        writers = [pool.submit(write_for, url, sequencer, w, seconds) for w in range(2)]
-        reader = pool.submit(read_for, url, sequencer, seconds + 1)
+        writers = [pool.submit(write_for, url, sequencer, w, seconds, *together) for w in range(2)]
+        reader = pool.submit(read_for, url, sequencer, seconds + 1, *together)
         maintainers = [
-            pool.submit(maintain_for, url, sequencer, seconds + 1, GRACE) for _ in range(2)
+            pool.submit(maintain_for, url, sequencer, seconds + 1, GRACE, *together)
+            for _ in range(2)
         ]
         acked = [entry for w in writers for entry in w.result(timeout=300)]
         reads, problems = reader.result(timeout=300)
@@ -125,7 +129,7 @@ def _run_together(tmp_path: Path, seconds: float, sequencer: str = SEQUENCER) ->
 
 
 def test_writers_readers_and_maintainers_in_processes(tmp_path: Path) -> None:
-    _run_together(tmp_path, seconds=4)
+    _run_together(tmp_path, seconds=2)
 
 
 @pytest.mark.slow

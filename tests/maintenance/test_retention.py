@@ -30,6 +30,7 @@ def _records(log: disklesslog.Log, name: str) -> list[tuple[int, int, bytes]]:
     return [(r.offset, r.timestamp, r.value) for r in log.stream(name).read()]
 
 
+@pytest.mark.all_backends
 def test_time_retention_drops_only_expired_units_and_keeps_a_suffix(maintenance_factory) -> None:  # type: ignore[no-untyped-def]
     log = maintenance_factory(retention_ms=30_000, **SMALL)
     _fill(log, "s", 60)

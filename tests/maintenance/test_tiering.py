@@ -80,7 +80,14 @@ def _s3_target(endpoint: str) -> Target:
     return Target(f"s3://{create_bucket('s3', options)}/tier", options)
 
 
-@pytest.fixture(params=[pytest.param("memory"), pytest.param("s3", marks=pytest.mark.s3)])
+TARGETS = [pytest.param("memory"), pytest.param("s3", marks=pytest.mark.s3)]
+"""Tier locations: memory://, and the moto S3 server (whose runs are slow, an HTTP round
+trip per request, except for the tests that name these params themselves)."""
+
+
+@pytest.fixture(
+    params=[pytest.param("memory"), pytest.param("s3", marks=[pytest.mark.s3, pytest.mark.slow])]
+)
 def target(request: pytest.FixtureRequest) -> Target:
     if request.param == "memory":
         return _memory_target()
@@ -137,6 +144,7 @@ def _referenced(path: Path) -> set[str]:
 # ------------------------------------------------------------------- reads
 
 
+@pytest.mark.parametrize("target", TARGETS, indirect=True)
 def test_reads_fall_through_to_the_tier(tmp_path: Path, target: Target) -> None:
     """Every record reads back as written, from any start, across the boundary between
     tiered and local segments; offset_for_time and info cover both parts."""
@@ -767,6 +775,11 @@ def _concurrent_round(
     try:
         maintainer = spawn("maintain", str(stop), extra={"grace": 0.5})
         reading = [spawn("read", str(stop)) for _ in range(readers)]
+        deadline = time.monotonic() + 120
+        while len(list(tmp_path.glob(f"{stop.name}.ready-*"))) < readers + 1:
+            assert time.monotonic() < deadline, "readers or the maintainer never started"
+            assert all(c.poll() is None for c, _ in children), "a child process died"
+            time.sleep(0.01)
         writing = [spawn("write", str(records)) for _ in range(writers)]
         while any(children[i][0].poll() is None for i in writing):
             _check_tier_consistent(path, target)  # no object a manifest lists goes

@@ -61,11 +61,19 @@ def write(directory: str, options: dict[str, object], count: int) -> None:
         sys.stdout.flush()
 
 
+def ready(stop_file: str) -> None:
+    """Tell the test this process is running (``<stop>.ready-<pid>``): it starts the
+    writers only then, so that reads and maintenance overlap the writes even when
+    spawned interpreters start slowly."""
+    open(f"{stop_file}.ready-{os.getpid()}", "w").close()
+
+
 def read(directory: str, options: dict[str, object], stop_file: str) -> None:
     seen: dict[int, bytes] = {}
     reads = 0
     with _open(directory, options) as log:
         stream = log.stream("s")
+        ready(stop_file)
         while not os.path.exists(stop_file):
             try:
                 previous = None
@@ -88,6 +96,7 @@ def maintain(directory: str, options: dict[str, object], stop_file: str) -> None
     grace = float(options.pop("grace"))  # type: ignore[arg-type]
     rounds = 0
     with _open(directory, options) as log:
+        ready(stop_file)
         while not os.path.exists(stop_file):
             log.tier()
             log.apply_retention()

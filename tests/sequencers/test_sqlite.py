@@ -279,23 +279,27 @@ def test_close_while_other_threads_commit_and_read(tmp_path: Path) -> None:
         seq = open_sequencer(f"sqlite://{tmp_path}/close-{round_no}.db")
         seq.create_stream("s", {})
         outcomes: list[str] = []
+        busy = threading.Semaphore(0)  # released by each thread once it is under way
 
-        def work(n: int, seq=seq, outcomes=outcomes) -> None:
-            pid, epoch = seq.init_producer(None)
+        def work(n: int, seq=seq, outcomes=outcomes, busy=busy) -> None:
             try:
+                pid, epoch = seq.init_producer(None)
                 for i in range(10_000):
                     if n % 2:
                         seq.find_batches("s", 0, 1 << 20)
                     else:
                         batch = BatchToCommit("s", 0, 10, 1, 1, 1, pid, epoch, i)
                         seq.commit(f"objects/{n}-{i}", [batch])
+                    if i == 10:
+                        busy.release()
             except LogClosedError:
                 outcomes.append("closed")
 
         threads = [threading.Thread(target=work, args=(n,)) for n in range(4)]
         for thread in threads:
             thread.start()
-        time.sleep(0.05)
+        for _ in threads:  # close while every thread is in the middle of its work
+            assert busy.acquire(timeout=30)
         seq.close()
         for thread in threads:
             thread.join(30)
