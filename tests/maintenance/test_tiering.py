@@ -197,8 +197,18 @@ def test_reopening_reads_the_tier_without_tier_url(tmp_path: Path, target: Targe
 
 
 @pytest.mark.s3
-def test_another_process_reads_the_tiered_part(tmp_path: Path, s3_server: str) -> None:
-    target = _s3_target(s3_server)
+@pytest.mark.parametrize(
+    "where", ["file", pytest.param("s3", marks=[pytest.mark.s3, pytest.mark.slow])]
+)
+def test_another_process_reads_the_tiered_part(
+    tmp_path: Path, where: str, request: pytest.FixtureRequest
+) -> None:
+    """The tier is found from the log directory alone: a process that never tiered reads
+    the tiered part (file:// by default; the S3 server's client stack under slow)."""
+    if where == "s3":
+        target = _s3_target(request.getfixturevalue("s3_server"))
+    else:
+        target = Target(f"file://{tmp_path}/tier", None)
     with _open(tmp_path / "log", target, local_retention_bytes=2048, **SMALL) as log:
         ref = _fill(log, "s", 150)
         log.tier(now_ms=NOW)
