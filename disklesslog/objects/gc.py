@@ -29,11 +29,11 @@ any point is finished by the next one. Dry runs list what would go and change no
 
 from __future__ import annotations
 
-import math
 import time
 from typing import TYPE_CHECKING
 
-from ..errors import ConfigError, SequencerConflict
+from ..errors import SequencerConflict
+from ..maintenance.grace import resolve_grace
 from ..maintenance.report import MaintenanceReport, Progress
 from .storage import key_time_ns
 from .writer import UPLOAD_MAX_AGE
@@ -41,9 +41,8 @@ from .writer import UPLOAD_MAX_AGE
 if TYPE_CHECKING:
     from .log import ObjectLog
 
-__all__ = ["DEFAULT_GRACE_SECONDS", "UNKNOWN_MIN_AGE", "collect_garbage"]
+__all__ = ["UNKNOWN_MIN_AGE", "collect_garbage"]
 
-DEFAULT_GRACE_SECONDS = 300.0
 UNKNOWN_MIN_AGE = 5 * UPLOAD_MAX_AGE
 """Seconds an object the sequencer does not know must have existed (by the time in its
 key) before the reconcile pass deletes it: 5 minutes, five times the longest a writer
@@ -60,12 +59,7 @@ def collect_garbage(
 ) -> MaintenanceReport:
     """Delete unreferenced objects after ``grace_seconds`` (default 300), then objects the
     sequencer never knew once they are that old and at least UNKNOWN_MIN_AGE old."""
-    grace = DEFAULT_GRACE_SECONDS if grace_seconds is None else grace_seconds
-    if type(grace) not in (int, float) or not math.isfinite(grace) or grace < 0:
-        raise ConfigError(
-            f"grace_seconds={grace_seconds!r} is invalid: give a number of seconds >= 0 "
-            "(default 300; readers holding old batch locations need it to finish)"
-        )
+    grace = resolve_grace(grace_seconds)
     report = MaintenanceReport("gc", dry_run=dry_run)
     storage = object_log.storage
     sequencer = object_log.sequencer

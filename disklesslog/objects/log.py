@@ -479,8 +479,21 @@ class ObjectStream(Stream):
         return "batch" if count == 1 else "batches"
 
 
+LOCAL_ONLY_OPTIONS = frozenset(
+    {"tier_url", "tier_storage_options", "fsync", "fsync_interval_ms"}
+)
+"""Options of the segments backend that make no sense here: refused by name rather than
+with a generic "unknown option"."""
+
+
 def open_object_log(url: str, location: str, options: dict[str, Any]) -> ObjectLog:
     """The ``objects`` backend factory (see :func:`disklesslog.open`)."""
+    local_only = sorted(LOCAL_ONLY_OPTIONS.intersection(options))
+    if local_only:
+        raise ConfigError(
+            f"option(s) {', '.join(local_only)} apply to local (segment-file) logs only: a log "
+            "on object storage is already on it, and its durability is the store's"
+        )
     sequencer_option = options.pop("sequencer", None)
     storage_options = options.pop("storage_options", None)
     cache_option = options.pop("cache", "default")

@@ -41,8 +41,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ..config import StreamConfig
-from ..errors import ConfigError, CorruptDataError, OffsetOutOfRange
+from ..errors import CorruptDataError, OffsetOutOfRange
 from ..format import crc32c
+from ..maintenance.grace import resolve_grace
 from ..maintenance.report import MaintenanceReport, Progress
 from ..maintenance.retention import retention_point
 from . import manifest as manifests
@@ -57,11 +58,7 @@ from .tiered import TieredReader, local_units, make_view
 if TYPE_CHECKING:
     from .log import SegmentLog
 
-__all__ = ["DEFAULT_GRACE_SECONDS", "Tally", "collect_garbage", "tier_stream", "trim_stream"]
-
-DEFAULT_GRACE_SECONDS = 300.0
-"""How long garbage stays readable before it is deleted: readers in other processes
-may still be reading objects that just left a manifest."""
+__all__ = ["Tally", "collect_garbage", "tier_stream", "trim_stream"]
 
 _TASK = "tiering"
 
@@ -423,9 +420,7 @@ def collect_garbage(
     grace_seconds: float | None,
 ) -> MaintenanceReport:
     """Delete the tier's garbage and orphans that are older than ``grace_seconds``."""
-    grace = DEFAULT_GRACE_SECONDS if grace_seconds is None else grace_seconds
-    if isinstance(grace, bool) or not isinstance(grace, int | float) or not grace >= 0:
-        raise ConfigError(f"grace_seconds must be a number >= 0, not {grace_seconds!r}")
+    grace = resolve_grace(grace_seconds)
     report = MaintenanceReport("gc", dry_run=dry_run)
     now = time.time()
     names = log.streams()

@@ -11,7 +11,13 @@ from collections.abc import Iterator, Sequence
 import pytest
 
 import disklesslog
-from disklesslog import CorruptDataError, DataLossError, ProducerFenced, StreamNotFound
+from disklesslog import (
+    ConfigError,
+    CorruptDataError,
+    DataLossError,
+    ProducerFenced,
+    StreamNotFound,
+)
 from disklesslog.objects.cache import BlockCache
 from disklesslog.sequencers.base import BatchToCommit, CommitResult
 from disklesslog.sequencers.memory import MemorySequencer
@@ -290,3 +296,12 @@ def test_live_batches_follow_a_start_offset_moved_by_another_process() -> None:
         calls.clear()
         with pytest.raises(disklesslog.OffsetOutOfRange):
             list(log.live_batches("s", 0))  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize(
+    "option", [{"tier_url": "file:///tmp/tier"}, {"fsync": "always"}, {"fsync_interval_ms": 5}]
+)
+def test_local_only_options_are_refused_by_name(option: dict[str, object]) -> None:
+    (name,) = option
+    with pytest.raises(ConfigError, match=f"{name} apply to local"):
+        disklesslog.open("memory://local-only/log", **option)
