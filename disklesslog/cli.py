@@ -431,7 +431,8 @@ def describe_lines(info: StreamInfo) -> list[str]:
     lines = [f"{label:<13} {facts[key]}" for label, key in _DESCRIBE_FIELDS]
     lines += [f"{key + ':':<13} {value}" for key, value in facts["details"].items()]
     lines.append("config:")
-    lines += [f"  {key:<22} {value}" for key, value in facts["config"].items()]
+    width = max(map(len, facts["config"]))
+    lines += [f"  {key:<{width}}  {value}" for key, value in facts["config"].items()]
     if "segments" in info.details:  # the local backend
         lines.append(f"segments:     {len(facts['segments'])}")
     if facts["segments"]:

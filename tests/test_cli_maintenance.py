@@ -183,3 +183,15 @@ def test_merge_target_bytes_on_an_object_log(
     report = json.loads(capsys.readouterr().out)
     assert report["operation"] == "merge"
     assert main(["merge", url, "--backend", "objects", "--target-bytes", "5"]) == 2
+    for bad in ("5MB", "1.5MiB", "-4096", "KiB"):
+        assert main(["merge", url, "--backend", "objects", "--target-bytes", bad]) == 2
+        assert "not a size" in capsys.readouterr().err or bad == "-4096"
+
+
+@pytest.mark.parametrize(
+    ("text", "size"), [("4096", 4096), ("4KiB", 4096), ("64MiB", 64 << 20), ("1gib", 1 << 30)]
+)
+def test_sizes_take_binary_suffixes(text: str, size: int) -> None:
+    from disklesslog.maintenance.cli import _size
+
+    assert _size(text) == size

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -113,11 +114,19 @@ def _alter(args: argparse.Namespace, open_log: OpenLog) -> int:
     return 0
 
 
+_SIZE = re.compile(r"\s*(-?\d+)\s*([kmg]ib)?\s*", re.IGNORECASE)
+_UNITS = {None: 1, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30}
+
+
 def _size(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    """Bytes: an integer, optionally with a KiB/MiB/GiB suffix (``64MiB``)."""
+    match = _SIZE.fullmatch(text)
+    if match is None:
+        raise argparse.ArgumentTypeError(
+            f"not a size: {text!r} (an integer, optionally with KiB, MiB or GiB)"
+        )
+    digits, unit = match.groups()
+    value = int(digits) * _UNITS[unit and unit.lower()]
     if value < 1024:
         raise argparse.ArgumentTypeError(f"must be at least 1024 bytes, not {text}")
     return value
