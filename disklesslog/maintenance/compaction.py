@@ -30,6 +30,7 @@ from itertools import accumulate, compress, pairwise, repeat
 from typing import Any
 
 from ..config import StreamConfig
+from ..errors import ConfigError
 from ..format import HEADER_SIZE, EncodedBatch, encode_batch
 from ..records import Headers, RecordBatch
 
@@ -181,6 +182,18 @@ def encode_piece(piece: Piece, config: StreamConfig) -> EncodedBatch:
         offset_deltas=list(map(operator.sub, records.offsets, repeat(piece.base))),
         last_offset_delta=piece.span - 1,
     )
+
+
+def require_compacted(stream: str, config: StreamConfig) -> None:
+    """A :class:`ConfigError` unless ``stream`` is compacted: naming a stream to compact
+    that is not is a mistake worth hearing about (without a name, the others are
+    skipped)."""
+    if not config.compacted:
+        raise ConfigError(
+            f"stream {stream!r} has cleanup_policy={config.cleanup_policy!r}, so it is not "
+            "compacted: only streams created with cleanup_policy='compact' or "
+            "'compact,delete' are (compact() without a stream skips the others)"
+        )
 
 
 def target_batch_bytes(config: StreamConfig) -> int:

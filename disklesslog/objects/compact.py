@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING
 
 from ..api import validate_stream_name
 from ..config import StreamConfig
-from ..errors import ConfigError, DataLossError, StreamNotFound
+from ..errors import DataLossError, StreamNotFound
 from ..format import EncodedBatch
 from ..maintenance.compaction import (
     DEFAULT_MAX_KEYS,
@@ -52,6 +52,7 @@ from ..maintenance.compaction import (
     dirty_ratio,
     encode_piece,
     horizon,
+    require_compacted,
     retile,
     survivors,
     target_batch_bytes,
@@ -91,13 +92,7 @@ def compact(
     report = MaintenanceReport("compaction", dry_run=dry_run)
     now = int(time.time() * 1000) if now_ms is None else now_ms
     if stream is not None:
-        config = object_log._current_config(validate_stream_name(stream))
-        if not config.compacted:
-            raise ConfigError(
-                f"stream {stream!r} has cleanup_policy={config.cleanup_policy!r}, so it is "
-                "not compacted; only streams created with cleanup_policy='compact' or "
-                "'compact,delete' are"
-            )
+        require_compacted(stream, object_log._current_config(validate_stream_name(stream)))
         names = [stream]
     else:
         names = object_log.streams()

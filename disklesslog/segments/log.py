@@ -50,7 +50,7 @@ from ..errors import (
     StreamNotFound,
 )
 from ..format import EncodedBatch, encode_batch_borrowed, encode_record
-from ..maintenance.compaction import DEFAULT_MAX_KEYS
+from ..maintenance.compaction import DEFAULT_MAX_KEYS, require_compacted
 from ..maintenance.report import MaintenanceReport, Progress
 from ..maintenance.retention import Unit
 from ..metrics import Metrics
@@ -255,13 +255,7 @@ class SegmentLog(AbstractLog):
         report = MaintenanceReport("compaction", dry_run=dry_run)
         now = int(time.time() * 1000) if now_ms is None else now_ms
         if stream is not None:
-            config = self._read_config(validate_stream_name(stream))
-            if not config.compacted:
-                raise ConfigError(
-                    f"stream {stream!r} has cleanup_policy={config.cleanup_policy!r}, so it "
-                    "is not compacted: only streams created with cleanup_policy='compact' "
-                    "or 'compact,delete' are (compact() without a stream skips the others)"
-                )
+            require_compacted(stream, self._read_config(validate_stream_name(stream)))
         names = [stream] if stream is not None else self.streams()
         for name in names:
             try:
