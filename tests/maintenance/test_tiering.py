@@ -777,7 +777,12 @@ def _concurrent_round(
 
     def finish(index: int) -> list[str]:
         child, out = children[index]
-        child.wait(timeout=300)
+        try:
+            child.wait(timeout=300)
+        except subprocess.TimeoutExpired:
+            child.send_signal(signal.SIGUSR1)  # its threads' stacks, into its output
+            time.sleep(2)
+            raise AssertionError(f"a child process hangs: {out.read_text()[-6000:]}") from None
         text = out.read_text()
         assert child.returncode == 0, f"a child process failed: {text[-3000:]}"
         return text.splitlines()

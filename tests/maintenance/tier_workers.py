@@ -22,8 +22,10 @@ Modes:
 
 from __future__ import annotations
 
+import faulthandler
 import json
 import os
+import signal
 import sys
 import time
 
@@ -107,6 +109,8 @@ def maintain(directory: str, options: dict[str, object], stop_file: str) -> None
 
 
 def main() -> None:
+    # The test sends SIGUSR1 to a child that overstays, to see where it is stuck.
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     mode, directory, options_json = sys.argv[1:4]
     options = json.loads(options_json)
     if mode == "tier":
