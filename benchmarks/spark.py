@@ -15,7 +15,9 @@ One ``local[2]`` SparkSession serves every run (started once, untimed: a JVM tak
 the Parquet file has 4 row groups for the same reason. Spark answers a Parquet
 ``count()`` from row-group metadata without reading a value, while a Python data source
 always reads and ships every column: the count rows measure that gap, the groupBy rows
-a query that reads the data on both sides.
+a query that reads the data on both sides. A third baseline, ``floor``, is a Python data
+source that yields pre-built Arrow batches of the same columns (nothing read or
+decoded): what the Python data source path itself costs.
 """
 
 from __future__ import annotations
@@ -96,6 +98,7 @@ def spark_data(directory: Path, *, records: int) -> Iterator[SparkData]:
         .getOrCreate()
     )
     spark.sparkContext.setLogLevel("ERROR")
+    _register_floor(spark, records)
     try:
         yield SparkData(spark, local, objects, parquet, records)
     finally:
@@ -114,6 +117,55 @@ def _query(df: Any, query: str, records: int) -> None:
 @contextmanager
 def parquet_read(work: Path, data: SparkData, *, query: str) -> Iterator[Callable[[], None]]:
     yield lambda: _query(data.spark.read.parquet(str(data.parquet)), query, data.records)
+
+
+def _register_floor(spark: Any, records: int) -> None:
+    """Register ``floor``: a Python data source whose tasks yield one pre-built Arrow
+    batch of the same columns over and over. Nothing is read or decoded, so its rate is
+    the most any Python data source reaches here. Defined in a function so Spark pickles
+    the classes by value (executors cannot import this benchmark module)."""
+    from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
+
+    from disklesslog.spark.schema import arrow_schema, read_schema
+
+    class FloorReader(DataSourceReader):
+        def partitions(self) -> list[InputPartition]:
+            return [InputPartition(i) for i in range(PARTITIONS)]
+
+        def read(self, partition: InputPartition) -> Iterator[Any]:
+            import pyarrow as pa
+
+            rows = 65_536
+            columns = [
+                pa.array([b"key-%04d" % (i % KEYS) for i in range(rows)], pa.binary()),
+                pa.array([os.urandom(VALUE_SIZE)] * rows, pa.binary()),
+                pa.repeat(pa.scalar(STREAM, pa.string()), rows),
+                pa.array(range(rows), pa.int64()),
+                pa.array([0] * rows, pa.timestamp("us", tz="UTC")),
+            ]
+            batch = pa.RecordBatch.from_arrays(columns, schema=arrow_schema(read_schema(False)))
+            left = records // PARTITIONS
+            while left > 0:
+                yield batch.slice(0, min(rows, left))
+                left -= rows
+
+    class Floor(DataSource):
+        @classmethod
+        def name(cls) -> str:
+            return "floor"
+
+        def schema(self) -> Any:
+            return read_schema(False)
+
+        def reader(self, schema: Any) -> FloorReader:
+            return FloorReader()
+
+    spark.dataSource.register(Floor)
+
+
+@contextmanager
+def floor_read(work: Path, data: SparkData, *, query: str) -> Iterator[Callable[[], None]]:
+    yield lambda: _query(data.spark.read.format("floor").load(), query, data.records)
 
 
 @contextmanager
@@ -150,6 +202,17 @@ def spark_group(plan: Any) -> Group:
                 records,
                 records * VALUE_SIZE,
                 tag="P" if query == "count" else "Q",
+            )
+        )
+        variants.append(
+            Variant(
+                f"Python data source floor (pre-built Arrow batches), {label}",
+                "baseline",
+                partial(floor_read, query=query),
+                records,
+                records * VALUE_SIZE,
+                tag="F" if query == "count" else "G",
+                note="yields one Arrow batch repeatedly: no read, no decode",
             )
         )
         for backend, where in (("segments", "local segments"), ("objects", "file:// objects")):
