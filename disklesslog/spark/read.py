@@ -28,8 +28,11 @@ __all__ = [
     "BatchReader",
     "StreamRange",
     "check_schema",
+    "read_partition",
     "read_range",
+    "selected_streams",
     "split_range",
+    "start_offset_for",
     "to_arrow",
 ]
 

@@ -160,3 +160,20 @@ def test_fixed_schema() -> None:
     options = parse_read_options({"url": "/l", "streams": "a"})
     with pytest.raises(ConfigError, match="fixed schema"):
         StreamReader(options, read_schema(True))
+
+
+def test_log_options_open(tmp_path: Path) -> None:
+    """Readers never create a log; storage options of a local log are its tier's (an
+    error for a log without a tier)."""
+    from disklesslog import InvalidURL
+
+    with pytest.raises(InvalidURL, match="create=False"):
+        LogOptions(str(tmp_path / "missing")).open()
+    disklesslog.open(tmp_path / "local").close()
+    with pytest.raises(ConfigError, match="this log has no tier"):
+        LogOptions(str(tmp_path / "local"), storage_options={"anon": "false"}).open()
+    url = f"file://{tmp_path}/objects"
+    with LogOptions(url, backend="objects").open(create=True) as log:
+        log.stream("s").append(b"x")
+    with LogOptions(url, backend="objects").open() as log:
+        assert log.streams() == ["s"]
