@@ -12,14 +12,11 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
-
-import disklesslog
-from disklesslog import AbstractLog
+from spark_logs import SparkLog
 
 
 @pytest.fixture(scope="session")
@@ -42,25 +39,6 @@ def spark() -> Iterator[Any]:
     session.sparkContext.setLogLevel("ERROR")
     yield session
     session.stop()
-
-
-@dataclass
-class SparkLog:
-    """A log for a Spark test: how the test opens it, and the options Spark needs."""
-
-    url: str
-    options: dict[str, str]
-    open_options: dict[str, Any] = field(default_factory=dict)
-
-    def open(self) -> AbstractLog:
-        return disklesslog.open(self.url, **self.open_options)
-
-    def read(self, spark: Any, **options: str) -> Any:
-        """``spark.read.format("disklesslog")`` with this log's options and ``options``."""
-        return spark.read.format("disklesslog").options(**self.options, **options).load()
-
-    def read_stream(self, spark: Any, **options: str) -> Any:
-        return spark.readStream.format("disklesslog").options(**self.options, **options).load()
 
 
 def _segments(path: Path) -> SparkLog:

@@ -7,10 +7,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from spark_logs import SparkLog
 
 import disklesslog
 from disklesslog import Record
-from tests.spark.conftest import SparkLog
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 

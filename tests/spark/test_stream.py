@@ -8,8 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-from tests.spark.conftest import SparkLog
+from spark_logs import SparkLog
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
