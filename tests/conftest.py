@@ -254,13 +254,15 @@ def object_maintenance_factory(
     factory.close_all()
 
 
-_SERVER_MARKS = ("s3", "azure", "gcs")
+# Spark first: a Spark test that also needs S3 joins the Spark worker (a second moto
+# costs a second; a second JVM costs half a minute).
+_SERVER_MARKS = ("spark", "s3", "azure", "gcs")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Under pytest-xdist (``--dist loadgroup``), run every test of one emulator on one
-    worker: each (moto, Azurite, fake-gcs-server) then starts once per run instead of
-    once per worker. PostgreSQL's tests are many and spread: it starts per worker."""
+    worker: each (moto, Azurite, fake-gcs-server, Spark's JVM) then starts once per run
+    instead of once per worker. PostgreSQL's tests are many and spread: it starts per worker."""
     for item in items:
         for mark in _SERVER_MARKS:
             if item.get_closest_marker(mark) is not None:

@@ -1,0 +1,34 @@
+"""disklesslog as a PySpark data source (Spark 4 Python Data Source API).
+
+>>> import disklesslog.spark                                  # doctest: +SKIP
+>>> disklesslog.spark.register(spark)
+>>> spark.read.format("disklesslog").option("url", "/data/log").option("streams", "a").load()
+
+Installing ``disklesslog[spark]`` also ships the top-level module ``pyspark_disklesslog``,
+through which Spark finds the source by name without ``register``. See ``docs/spark.md``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..errors import MissingDependencyError
+
+try:
+    import pyarrow  # noqa: F401 - reads and writes build Arrow batches
+    import pyspark  # noqa: F401
+except ImportError as exc:  # pragma: no cover - depends on the installation
+    raise MissingDependencyError(
+        f"disklesslog.spark needs pyspark >= 4.0 and pyarrow ({exc}); "
+        "pip install 'disklesslog[spark]'"
+    ) from exc
+
+from .source import DisklessLogDataSource
+
+__all__ = ["DisklessLogDataSource", "register"]
+
+
+def register(spark: Any) -> None:
+    """Register the ``disklesslog`` data source with ``spark`` (a ``SparkSession``), so
+    ``spark.read.format("disklesslog")`` works in this session."""
+    spark.dataSource.register(DisklessLogDataSource)

@@ -1,0 +1,284 @@
+"""Batch reads: planning offset ranges on the driver, reading them as Arrow on executors.
+
+The driver decides, per stream, the offset range ``[start, end)`` to read and splits it
+into :class:`StreamRange` partitions. A partition is three small values; each executor
+opens the log itself (:meth:`LogOptions.open`) and turns the stream's column batches
+(:meth:`Stream.read_batches`) into Arrow record batches without a Python object per
+record. The streaming reader (:mod:`.stream`) plans differently and reads the same way.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import pyarrow as pa
+from pyspark.sql.datasource import DataSourceReader, InputPartition
+from pyspark.sql.types import StructType
+
+from ..api import AbstractLog, Stream
+from ..errors import ConfigError, OffsetOutOfRange, StreamNotFound
+from ..records import RecordBatch
+from .options import EARLIEST, LATEST, LogOptions, OffsetSpec, ReadOptions
+from .schema import arrow_schema, read_schema
+
+__all__ = [
+    "BatchReader",
+    "StreamRange",
+    "check_schema",
+    "read_range",
+    "split_range",
+    "to_arrow",
+]
+
+logger = logging.getLogger("disklesslog.spark")
+
+MAX_ROWS_PER_ARROW_BATCH = 65_536
+"""Rows per Arrow batch handed to Spark: large enough that per-batch costs vanish (the
+log's own batches are often a few hundred records), small enough to bound memory."""
+
+MAX_BYTES_PER_ARROW_BATCH = 16 << 20
+"""...and at most this many bytes of values, so large records do not pile up."""
+
+
+@dataclass(frozen=True)
+class StreamRange(InputPartition):
+    """One Spark partition: offsets ``[start, end)`` of one stream. Pickled to an
+    executor, so it holds names and numbers only."""
+
+    stream: str
+    start: int
+    end: int
+
+
+def split_range(stream: str, start: int, end: int, size: int | None) -> list[StreamRange]:
+    """``[start, end)`` as partitions of at most ``size`` offsets (one if ``size`` is None;
+    none if the range is empty). After key compaction a partition may hold fewer records
+    than offsets: the split is by offset, which needs no read to plan."""
+    if end <= start:
+        return []
+    if size is None:
+        return [StreamRange(stream, start, end)]
+    return [StreamRange(stream, lo, min(lo + size, end)) for lo in range(start, end, size)]
+
+
+def check_schema(schema: StructType, options: ReadOptions) -> None:
+    """Refuse a user-given schema (``spark.read.schema(...)``) that is not ours: the
+    columns are fixed, as with Spark's Kafka source."""
+    expected = read_schema(options.include_headers)
+    if schema != expected:
+        raise ConfigError(
+            "the disklesslog data source has a fixed schema; do not pass .schema(...). "
+            f"Expected {expected.simpleString()}, got {schema.simpleString()}"
+        )
+
+
+# ---------------------------------------------------------------------- planning
+
+
+def selected_streams(log: AbstractLog, options: ReadOptions, *, must_exist: bool) -> list[str]:
+    """The streams a read covers. Named streams that do not exist raise
+    :class:`StreamNotFound` when ``must_exist`` (batch reads), else are left out until
+    they appear (streaming)."""
+    existing = log.streams()
+    if options.streams is not None and must_exist:
+        missing = [name for name in options.streams if name not in existing]
+        if missing:
+            raise StreamNotFound(
+                f"stream(s) {', '.join(missing)} not found in {log.url} (option streams); "
+                f"it has {len(existing)} stream(s)"
+            )
+    return options.select(existing)
+
+
+def explicit_offset(spec: OffsetSpec | None, name: str, default: int) -> int:
+    """The offset a ``{stream: offset}`` spec gives ``name`` (``default`` when absent or
+    not a dict): ``-2`` earliest and ``-1`` latest are returned as they are."""
+    if isinstance(spec, dict):
+        return spec.get(name, default)
+    return default
+
+
+def start_offset_for(
+    stream: Stream, options: ReadOptions, first: int, last: int, *, default: str
+) -> int:
+    """Where a read of ``stream`` (holding ``[first, last)``) starts, per
+    ``startingTimestamp``/``startingOffsets`` (``default`` when neither is given)."""
+    if options.starting_timestamp is not None:
+        found = stream.offset_for_time(options.starting_timestamp)
+        return last if found is None else max(found, first)
+    spec = options.starting_offsets if options.starting_offsets is not None else default
+    if spec == EARLIEST:
+        return first
+    if spec == LATEST:
+        return last
+    wanted = explicit_offset(spec, stream.name, -2)
+    if wanted == -2:
+        return first
+    if wanted == -1:
+        return last
+    if wanted > last:
+        raise OffsetOutOfRange(
+            f"startingOffsets asks for stream {stream.name!r} from offset {wanted}, past its "
+            f"end offset {last}",
+            start_offset=first,
+            end_offset=last,
+        )
+    return check_not_lost(stream.name, wanted, first, options.fail_on_data_loss)
+
+
+def end_offset_for(name: str, options: ReadOptions, start: int, last: int) -> int:
+    """Where a batch read of ``name`` ends (exclusive), per ``endingOffsets``. An offset
+    past the end offset reads up to the end offset: there is nothing beyond it yet."""
+    wanted = explicit_offset(options.ending_offsets, name, -1)
+    if wanted == -1:
+        return last
+    if wanted < start:
+        raise ConfigError(
+            f"endingOffsets gives stream {name!r} offset {wanted}, below where the read "
+            f"starts ({start})"
+        )
+    return min(wanted, last)
+
+
+def check_not_lost(name: str, wanted: int, first: int, fail_on_data_loss: bool) -> int:
+    """``wanted`` if its records still exist; else Kafka's ``failOnDataLoss`` rule:
+    raise :class:`OffsetOutOfRange`, or (``false``) warn and go on from ``first``."""
+    if wanted >= first:
+        return wanted
+    message = (
+        f"stream {name!r}: offsets {wanted}..{first - 1} were trimmed (retention or trim) "
+        f"before they were read"
+    )
+    if fail_on_data_loss:
+        raise OffsetOutOfRange(
+            f"{message}; set the option failOnDataLoss=false to skip them",
+            start_offset=first,
+            end_offset=-1,
+        )
+    logger.warning("%s; skipping them (failOnDataLoss=false)", message)
+    return first
+
+
+def plan_batch(options: ReadOptions) -> list[StreamRange]:
+    """The partitions of a batch read: the offsets each selected stream holds now, cut
+    by the starting and ending options, split by ``maxRecordsPerPartition``."""
+    ranges: list[StreamRange] = []
+    with options.log.open() as log:
+        for name in selected_streams(log, options, must_exist=True):
+            stream = log.stream(name)
+            first, last = stream.start_offset, stream.end_offset
+            start = start_offset_for(stream, options, first, last, default=EARLIEST)
+            end = end_offset_for(name, options, start, last)
+            ranges += split_range(name, start, end, options.max_records_per_partition)
+    return ranges
+
+
+# ----------------------------------------------------------------------- reading
+
+
+def read_range(
+    log: AbstractLog, part: StreamRange, fail_on_data_loss: bool
+) -> Iterator[RecordBatch]:
+    """The records of ``part``, as the log's column batches. Records trimmed while the
+    read was planned or running follow the ``failOnDataLoss`` rule."""
+    stream = log.stream(part.stream)
+    position = part.start
+    while position < part.end:
+        try:
+            for batch in stream.read_batches(position, part.end):
+                if len(batch):
+                    yield batch
+                    position = batch.offsets[-1] + 1
+            return
+        except OffsetOutOfRange as exc:
+            if exc.start_offset <= position:
+                raise
+            position = check_not_lost(part.stream, position, exc.start_offset, fail_on_data_loss)
+
+
+def to_arrow(
+    batches: Iterator[RecordBatch], stream: str, schema: pa.Schema
+) -> Iterator[pa.RecordBatch]:
+    """Gather the log's column batches into Arrow record batches of ``schema``.
+
+    Columns are extended in C (``list.extend`` over the batch's tuples) and converted to
+    Arrow once per up to :data:`MAX_ROWS_PER_ARROW_BATCH` rows, so no Python code runs
+    per record.
+    """
+    headers_type = schema.field("headers").type if "headers" in schema.names else None
+    keys: list[bytes | None] = []
+    values: list[bytes | None] = []
+    offsets: list[int] = []
+    timestamps: list[int] = []
+    headers: list[object] = []
+    size = 0
+    for batch in batches:
+        keys += batch.keys
+        values += batch.values
+        offsets += batch.offsets
+        timestamps += batch.timestamps
+        if headers_type is not None:
+            headers += batch.headers
+        size += sum(map(len, filter(None, batch.values)))
+        if len(offsets) >= MAX_ROWS_PER_ARROW_BATCH or size >= MAX_BYTES_PER_ARROW_BATCH:
+            yield _arrow_batch(stream, schema, keys, values, offsets, timestamps, headers)
+            keys, values, offsets, timestamps, headers = [], [], [], [], []
+            size = 0
+    if offsets:
+        yield _arrow_batch(stream, schema, keys, values, offsets, timestamps, headers)
+
+
+_TIMESTAMP_MS = pa.timestamp("ms", tz="UTC")
+
+
+def _arrow_batch(
+    stream: str,
+    schema: pa.Schema,
+    keys: Sequence[bytes | None],
+    values: Sequence[bytes | None],
+    offsets: Sequence[int],
+    timestamps: Sequence[int],
+    headers: Sequence[object],
+) -> pa.RecordBatch:
+    count = len(offsets)
+    columns = [
+        pa.array(keys, pa.binary()),
+        pa.array(values, pa.binary()),
+        pa.repeat(pa.scalar(stream, pa.string()), count),
+        pa.array(offsets, pa.int64()),
+        # The log keeps milliseconds; Spark wants microseconds (a checked, exact cast).
+        pa.array(timestamps, _TIMESTAMP_MS).cast(schema.field("timestamp").type),
+    ]
+    if "headers" in schema.names:
+        columns.append(pa.array(headers, schema.field("headers").type))
+    return pa.RecordBatch.from_arrays(columns, schema=schema)
+
+
+def read_partition(
+    log_options: LogOptions, part: StreamRange, schema: pa.Schema, fail_on_data_loss: bool
+) -> Iterator[pa.RecordBatch]:
+    """What an executor does for one partition, batch or streaming: open the log, read
+    the range as Arrow, close the log."""
+    with log_options.open() as log:
+        yield from to_arrow(read_range(log, part, fail_on_data_loss), part.stream, schema)
+
+
+class BatchReader(DataSourceReader):
+    """``spark.read.format("disklesslog")``: plans on the driver, reads on executors.
+    Holds only the parsed options, so it pickles small."""
+
+    def __init__(self, options: ReadOptions, schema: StructType) -> None:
+        check_schema(schema, options)
+        self.options = options
+        self.arrow_schema = arrow_schema(schema)
+
+    def partitions(self) -> Sequence[InputPartition]:
+        return plan_batch(self.options)
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        assert isinstance(partition, StreamRange)
+        return read_partition(
+            self.options.log, partition, self.arrow_schema, self.options.fail_on_data_loss
+        )

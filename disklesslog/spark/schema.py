@@ -1,0 +1,50 @@
+"""The columns a read produces, as a Spark schema and as the Arrow schema Spark expects.
+
+The columns follow Spark's Kafka source where the concepts match (``key``, ``value``,
+``offset``, ``timestamp``, ``headers``); ``stream`` takes the place of ``topic`` and
+``partition`` (a stream is one ordered partition).
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+from pyspark.sql.pandas.types import to_arrow_schema
+from pyspark.sql.types import (
+    ArrayType,
+    BinaryType,
+    LongType,
+    StringType,
+    StructField,
+    StructType,
+    TimestampType,
+)
+
+__all__ = ["HEADERS_TYPE", "arrow_schema", "read_schema"]
+
+HEADERS_TYPE = ArrayType(
+    StructType([StructField("key", StringType(), False), StructField("value", BinaryType(), True)]),
+    containsNull=False,
+)
+"""Kafka's header column: ``array<struct<key:string,value:binary>>`` (keys may repeat)."""
+
+
+def read_schema(include_headers: bool) -> StructType:
+    """The read schema. ``key``/``value`` are null for a missing key and a tombstone;
+    the other columns are never null, and say so, so Spark can skip null checks."""
+    fields = [
+        StructField("key", BinaryType(), True),
+        StructField("value", BinaryType(), True),
+        StructField("stream", StringType(), False),
+        StructField("offset", LongType(), False),
+        StructField("timestamp", TimestampType(), False),
+    ]
+    if include_headers:
+        fields.append(StructField("headers", HEADERS_TYPE, False))
+    return StructType(fields)
+
+
+def arrow_schema(schema: StructType) -> pa.Schema:
+    """The Arrow schema of the batches ``read()`` yields, built by Spark's own helper:
+    Spark 4.2+ refuses a batch whose schema differs in any way (timestamp unit and zone,
+    ``binary`` vs ``large_binary``, nullability), so we never spell it ourselves."""
+    return to_arrow_schema(schema, timezone="UTC")

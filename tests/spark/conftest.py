@@ -1,0 +1,81 @@
+"""Fixtures of the Spark tests: one local SparkSession per test process, and logs on each
+backend with the data source options that reach them.
+
+The session is session-scoped because a JVM takes ~25 s to start; ``tests/conftest.py``
+puts every test marked ``spark`` on one xdist worker, so a run starts one JVM. Spark's
+Python workers must run this interpreter (the venv's, with pyarrow and disklesslog):
+``PYSPARK_PYTHON`` is set before the session starts.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import disklesslog
+from disklesslog import AbstractLog
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[Any]:
+    """A ``local[2]`` SparkSession: UI and progress bars off, 2 shuffle partitions (the
+    default 200 makes every small groupBy schedule 200 tasks)."""
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    from pyspark.sql import SparkSession
+
+    session = (
+        SparkSession.builder.master("local[2]")
+        .appName("disklesslog-tests")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.driver.memory", "1g")
+        .getOrCreate()
+    )
+    session.sparkContext.setLogLevel("ERROR")
+    yield session
+    session.stop()
+
+
+@dataclass
+class SparkLog:
+    """A log for a Spark test: how the test opens it, and the options Spark needs."""
+
+    url: str
+    options: dict[str, str]
+    open_options: dict[str, Any] = field(default_factory=dict)
+
+    def open(self) -> AbstractLog:
+        return disklesslog.open(self.url, **self.open_options)
+
+    def read(self, spark: Any, **options: str) -> Any:
+        """``spark.read.format("disklesslog")`` with this log's options and ``options``."""
+        return spark.read.format("disklesslog").options(**self.options, **options).load()
+
+    def read_stream(self, spark: Any, **options: str) -> Any:
+        return spark.readStream.format("disklesslog").options(**self.options, **options).load()
+
+
+def _segments(path: Path) -> SparkLog:
+    url = str(path / "log")
+    return SparkLog(url, {"url": url}, {"fsync": "never"})
+
+
+def _file_objects(path: Path) -> SparkLog:
+    """file:// objects sequenced by SQLite (the default for local object logs)."""
+    url = f"file://{path}/objects"
+    return SparkLog(url, {"url": url, "backend": "objects"}, {"backend": "objects"})
+
+
+@pytest.fixture(params=[_segments, _file_objects], ids=["segments", "file-objects"])
+def spark_log(request: pytest.FixtureRequest, tmp_path: Path) -> SparkLog:
+    """A new log on each backend: local segments, and ``file://`` objects + SQLite."""
+    made: SparkLog = request.param(tmp_path)
+    return made
