@@ -192,6 +192,17 @@ class Stager(ABC):
             self._finished = True
         return StagedPart(self._log.url, tuple(self._staged))
 
+    def abort(self) -> None:
+        """Give up: drop what is buffered and discard what was stored (see
+        :meth:`~disklesslog.AbstractLog.abort_transaction`). For a task that fails, so
+        its uploads are reclaimed without waiting for garbage collection's 24 hours."""
+        self._pending = []
+        self._pending_bytes = 0
+        self._finished = True
+        staged, self._staged = self._staged, []
+        if staged:
+            self._log.abort_transaction([StagedPart(self._log.url, tuple(staged))])
+
     # ---------------------------------------------------------------- internals
 
     def _encode(
