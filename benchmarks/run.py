@@ -46,6 +46,7 @@ import objects as obj
 import peers
 import pipeline as pipe
 import sequencers as seq
+import spark_write as sw
 import workloads as wl
 from common import (
     Goal,
@@ -440,6 +441,7 @@ def all_groups(plan: Plan) -> list[Group]:
         seq.sequencer_group(plan),
         pipe.pipeline_group(plan),
         *maint.maintenance_groups(plan),
+        *sw.spark_write_groups(plan),
     ]
 
 
