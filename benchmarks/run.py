@@ -12,6 +12,7 @@ Run with ``./dev bench`` (installs the ``bench`` extra, persist-queue, then runs
     ./dev bench --wait-quiet 20      on a shared machine: wait for other processes to go idle
     ./dev bench --profile single     cProfile one run of each disklesslog variant of a workload
     ./dev bench --only objects       object storage and sequencers (objects.py, sequencers.py)
+    ./dev bench --only spark-read    Spark reading a log into a DataFrame beside Parquet (spark.py)
 
 Every workload runs in a temporary directory (``--dir`` chooses where; the default is
 the system temp dir), removed at the end. Each repetition runs all variants of a
@@ -46,6 +47,7 @@ import objects as obj
 import peers
 import pipeline as pipe
 import sequencers as seq
+import spark as spk
 import spark_write as sw
 import workloads as wl
 from common import (
@@ -441,6 +443,7 @@ def all_groups(plan: Plan) -> list[Group]:
         seq.sequencer_group(plan),
         pipe.pipeline_group(plan),
         *maint.maintenance_groups(plan),
+        spk.spark_group(plan),
         *sw.spark_write_groups(plan),
     ]
 

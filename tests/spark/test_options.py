@@ -1,0 +1,162 @@
+"""Option parsing and the streaming reader's planning rules, without a JVM (fast: these
+run in the default suite)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import disklesslog
+from disklesslog import ConfigError
+from disklesslog.spark.options import LogOptions, parse_log_options, parse_read_options
+from disklesslog.spark.read import split_range
+from disklesslog.spark.schema import read_schema
+from disklesslog.spark.stream import StreamReader, admit
+
+
+def test_every_read_option_parsed() -> None:
+    options = parse_read_options(
+        {
+            "url": "/data/log",
+            "streams": "a, b,a",
+            "startingoffsets": '{"a": 5, "b": -2}',
+            "endingoffsets": "latest",
+            "maxrecordsperpartition": "1000",
+            "maxrecordspertrigger": "50",
+            "includeheaders": "TRUE",
+            "failondataloss": "false",
+            "sequencer": "sqlite:///tmp/meta.db",
+            "backend": "objects",
+        }
+    )
+    assert options.streams == ("a", "b")
+    assert options.starting_offsets == {"a": 5, "b": -2}
+    assert options.ending_offsets == "latest"
+    assert options.max_records_per_partition == 1000
+    assert options.max_records_per_trigger == 50
+    assert options.include_headers is True
+    assert options.fail_on_data_loss is False
+    assert options.log == LogOptions("/data/log", "objects", "sqlite:///tmp/meta.db", {})
+
+
+def test_defaults_and_pattern() -> None:
+    options = parse_read_options({"path": "/data/log", "streamPattern": "ev.*"})
+    assert options.log.url == "/data/log"
+    assert options.starting_offsets is None  # batch: earliest, streaming: latest
+    assert options.ending_offsets == "latest"
+    assert options.include_headers is False
+    assert options.fail_on_data_loss is True
+    assert options.select(["ev", "events", "xevents", "e"]) == ["ev", "events"]
+
+
+def test_storage_options_nest_and_override_json() -> None:
+    log = parse_log_options(
+        {
+            "url": "s3://bucket/log",
+            "storageOptions": '{"anon": false, "key": "K", "client_kwargs": {"region_name": "x"}}',
+            "storage.key": "K2",
+            "storage.client_kwargs.endpoint_url": "http://127.0.0.1:9000",
+        }
+    )
+    assert log.storage_options == {
+        "anon": False,
+        "key": "K2",
+        "client_kwargs": {"region_name": "x", "endpoint_url": "http://127.0.0.1:9000"},
+    }
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"streams": "a"}, "needs the log's URL"),
+        ({"url": "/l"}, "exactly one of the options streams"),
+        ({"url": "/l", "streams": "a", "streamPattern": "a"}, "exactly one of the options"),
+        ({"url": "/l", "streams": "a/b"}, "invalid stream name"),
+        ({"url": "/l", "streams": " , "}, "names no stream"),
+        ({"url": "/l", "streamPattern": "("}, "not a valid regex"),
+        ({"url": "/l", "streams": "a", "startingOffsets": "first"}, "startingOffsets must be"),
+        ({"url": "/l", "streams": "a", "startingOffsets": '{"a": "1"}'}, "must be an integer"),
+        ({"url": "/l", "streams": "a", "startingOffsets": '{"a": -3}'}, "must be an integer"),
+        ({"url": "/l", "streams": "a", "endingOffsets": "earliest"}, "cannot be 'earliest'"),
+        ({"url": "/l", "streams": "a", "endingOffsets": '{"a": -2}'}, "cannot use -2"),
+        (
+            {"url": "/l", "streams": "a", "startingOffsets": "latest", "startingTimestamp": "1"},
+            "not both",
+        ),
+        ({"url": "/l", "streams": "a", "startingTimestamp": "yesterday"}, "milliseconds"),
+        ({"url": "/l", "streams": "a", "maxRecordsPerPartition": "0"}, "positive integer"),
+        ({"url": "/l", "streams": "a", "maxRecordsPerTrigger": "many"}, "positive integer"),
+        ({"url": "/l", "streams": "a", "includeHeaders": "yes"}, "true or false"),
+        ({"url": "/l", "streams": "a", "startingOfsets": "earliest"}, "unknown read option"),
+        ({"url": "/l", "streams": "a", "storageOptions": "[1]"}, "must be a JSON object"),
+        ({"url": "/l", "streams": "a", "storage.": "x"}, "needs a name after"),
+        ({"url": "/l", "path": "/m", "streams": "a"}, "give the log's URL once"),
+    ],
+)
+def test_bad_options_say_which(options: dict[str, str], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        parse_read_options(options)
+
+
+def test_split_range_by_offsets() -> None:
+    assert [(p.start, p.end) for p in split_range("s", 3, 10, 3)] == [(3, 6), (6, 9), (9, 10)]
+    assert [(p.start, p.end) for p in split_range("s", 3, 10, None)] == [(3, 10)]
+    assert split_range("s", 5, 5, 3) == []
+
+
+def test_admission_shares_the_budget_by_backlog() -> None:
+    begin = {"a": 0, "b": 10, "c": 5}
+    latest = {"a": 90, "b": 20, "c": 5}
+    ends = admit(begin, latest, 20)
+    taken = {name: ends[name] - begin[name] for name in ends}
+    assert taken == {"a": 18, "b": 2, "c": 0}
+    assert admit(begin, latest, 1000) == latest
+    # a tiny budget still lets streams advance, never past their end
+    tiny = admit(begin, latest, 1)
+    assert sum(tiny[n] - begin[n] for n in tiny) == 1
+    assert all(begin[n] <= tiny[n] <= latest[n] for n in tiny)
+
+
+def test_stream_reader_planning_without_spark(tmp_path: Path) -> None:
+    """The calls Spark makes on the driver, made directly: the zero-argument
+    ``latestOffset()`` of Spark 4.0/4.1, admission control, AvailableNow and new streams."""
+    from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
+
+    url = str(tmp_path / "log")
+    with disklesslog.open(url, fsync="never") as log:
+        log.stream("a").append_batch([b"x"] * 10)
+        options = parse_read_options({"url": url, "streamPattern": ".*"})
+        reader = StreamReader(options, read_schema(False))
+        try:
+            assert reader.initialOffset() == {"a": 10}  # streaming default: latest
+            log.stream("a").append_batch([b"x"] * 5)
+            assert reader.latestOffset() == {"a": 15}  # Spark 4.0/4.1
+            log.stream("b").append_batch([b"y"] * 4)  # a new stream: from its earliest
+            assert reader.latestOffset({"a": 10}, ReadAllAvailable()) == {"a": 15, "b": 4}
+            assert reader.latestOffset({"a": 10}, ReadMaxRows(3)) == {"a": 12, "b": 1}
+            parts = reader.partitions({"a": 10}, {"a": 15, "b": 4})
+            assert [(p.stream, p.start, p.end) for p in parts] == [("a", 10, 15), ("b", 0, 4)]
+            reader.prepareForTriggerAvailableNow()
+            log.stream("a").append_batch([b"x"] * 5)
+            log.stream("c").append_batch([b"z"])  # after the trigger: not read
+            assert reader.latestOffset({"a": 15, "b": 4}, ReadAllAvailable()) == {"a": 15, "b": 4}
+        finally:
+            reader.stop()
+
+        limited = StreamReader(
+            parse_read_options({"url": url, "streams": "a", "maxRecordsPerTrigger": "2"}),
+            read_schema(False),
+        )
+        try:
+            assert limited.getDefaultReadLimit() == ReadMaxRows(2)
+            with pytest.raises(ConfigError, match=r"needs Spark 4\.2"):
+                limited.latestOffset()
+        finally:
+            limited.stop()
+
+
+def test_fixed_schema() -> None:
+    options = parse_read_options({"url": "/l", "streams": "a"})
+    with pytest.raises(ConfigError, match="fixed schema"):
+        StreamReader(options, read_schema(True))
