@@ -90,10 +90,6 @@ class StagedPart:
     def size(self) -> int:
         return sum(o.size for o in self.objects)
 
-    @property
-    def streams(self) -> list[str]:
-        return sorted({b.stream for o in self.objects for b in o.batches})
-
 
 def check_parts(log_url: str, parts: Iterable[StagedPart]) -> list[StagedObject]:
     """The objects of ``parts`` in order, after checking each is a :class:`StagedPart`

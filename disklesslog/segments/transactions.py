@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..config import StreamConfig
-from ..errors import ConfigError, CorruptDataError, StreamNotFound, TransactionError
+from ..errors import CorruptDataError, OffsetOutOfRange, StreamNotFound, TransactionError
 from ..format import HEADER_SIZE, EncodedBatch, check_batch, decode_batch
 from ..sequencers.base import (
     TRACKED_TRANSACTIONS,
@@ -216,9 +216,11 @@ def _staged_path(log: SegmentLog, key: str) -> Path:
     return log.path / STAGED / name
 
 
-def _batches_by_stream(log: SegmentLog, objects: list[StagedObject]) -> dict[str, list[Any]]:
+def _batches_by_stream(
+    log: SegmentLog, objects: list[StagedObject]
+) -> dict[str, list[EncodedBatch]]:
     """Every stream's staged batches, in transaction order, read back and checked (CRC)."""
-    per_stream: dict[str, list[Any]] = {}
+    per_stream: dict[str, list[EncodedBatch]] = {}
     for obj in objects:
         path = _staged_path(log, obj.key)
         try:
@@ -256,7 +258,7 @@ def _landed(log: SegmentLog, stream: str, base: int, batches: list[EncodedBatch]
         if log.stream(stream).end_offset < end:
             return False
         stored = list(log.stream(stream).read_batches(base, end))
-    except (StreamNotFound, ConfigError):
+    except (StreamNotFound, OffsetOutOfRange):  # deleted, or trimmed past it since
         return False
     got = [(r.timestamp, r.key, r.value, r.headers) for batch in stored for r in batch.records()]
     want = [
