@@ -17,6 +17,7 @@ from typing import Any
 
 from ..api import AbstractLog, validate_stream_name
 from ..errors import ConfigError, InvalidStreamName
+from ..urls import open_log, split_url
 
 __all__ = [
     "EARLIEST",
@@ -89,8 +90,6 @@ class LogOptions:
     def open(self, *, create: bool = False) -> AbstractLog:
         """Open the log. Readers pass ``create=False`` so a mistyped URL is an error,
         not a new empty log."""
-        import disklesslog  # noqa: PLC0415 - the package imports this module's package
-
         options: dict[str, Any] = {"create": create}
         if self.backend is not None:
             options["backend"] = self.backend
@@ -102,11 +101,9 @@ class LogOptions:
                 options["tier_storage_options"] = self.storage_options
             else:
                 options["storage_options"] = self.storage_options
-        return disklesslog.open(self.url, **options)
+        return open_log(self.url, **options)
 
     def _is_local(self) -> bool:
-        from ..urls import split_url  # noqa: PLC0415 - cheap, kept beside its one use
-
         return self.backend in (None, "segments") and split_url(self.url)[0] == "file"
 
 

@@ -1,5 +1,5 @@
-"""Option parsing and the streaming reader's planning rules, without a JVM (fast: these
-run in the default suite)."""
+"""Option parsing, the streaming reader's planning rules and the Arrow columns, without a
+JVM (fast: these run in the default suite)."""
 
 from __future__ import annotations
 
@@ -160,3 +160,52 @@ def test_fixed_schema() -> None:
     options = parse_read_options({"url": "/l", "streams": "a"})
     with pytest.raises(ConfigError, match="fixed schema"):
         StreamReader(options, read_schema(True))
+
+
+def test_log_options_open(tmp_path: Path) -> None:
+    """Readers never create a log; storage options of a local log are its tier's (an
+    error for a log without a tier)."""
+    from disklesslog import InvalidURL
+
+    with pytest.raises(InvalidURL, match="create=False"):
+        LogOptions(str(tmp_path / "missing")).open()
+    disklesslog.open(tmp_path / "local").close()
+    with pytest.raises(ConfigError, match="this log has no tier"):
+        LogOptions(str(tmp_path / "local"), storage_options={"anon": "false"}).open()
+    url = f"file://{tmp_path}/objects"
+    with LogOptions(url, backend="objects").open(create=True) as log:
+        log.stream("s").append(b"x")
+    with LogOptions(url, backend="objects").open() as log:
+        assert log.streams() == ["s"]
+
+
+def test_to_arrow_builds_spark_columns() -> None:
+    """Dense offsets (built from one iota) and offsets with compaction gaps, tombstones,
+    missing keys, headers and the ms -> us timestamp cast, in Spark's exact schema."""
+    from disklesslog import RecordBatch
+    from disklesslog.spark.read import to_arrow
+    from disklesslog.spark.schema import arrow_schema
+
+    schema = arrow_schema(read_schema(True))
+    dense = [
+        RecordBatch(range(5, 7), (1000, 1001), (b"k", None), (b"v", None), ((("h", b"x"),), ())),
+        RecordBatch(range(7, 8), (1002,), (b"k",), (b"w",), ((("h", None), ("h", b"y")),)),
+    ]
+    [out] = to_arrow(iter(dense), "s", schema)
+    assert out.schema.equals(schema)
+    assert out.column("offset").to_pylist() == [5, 6, 7]
+    assert out.column("key").to_pylist() == [b"k", None, b"k"]
+    assert out.column("value").to_pylist() == [b"v", None, b"w"]
+    assert out.column("stream").to_pylist() == ["s"] * 3
+    assert out.column("headers").to_pylist() == [
+        [{"key": "h", "value": b"x"}],
+        [],
+        [{"key": "h", "value": None}, {"key": "h", "value": b"y"}],
+    ]
+    micros = out.column("timestamp").cast("int64").to_pylist()
+    assert micros == [1_000_000, 1_001_000, 1_002_000]
+
+    gaps = [*dense, RecordBatch((9, 12), (2000, 2000), (None, None), (b"a", b"b"), ((), ()))]
+    [out] = to_arrow(iter(gaps), "s", arrow_schema(read_schema(False)))
+    assert out.column("offset").to_pylist() == [5, 6, 7, 9, 12]
+    assert out.column("timestamp").cast("int64").to_pylist()[-1] == 2_000_000

@@ -107,7 +107,7 @@ def test_offset_options(spark: Any, spark_log: SparkLog) -> None:
 
 def test_empty_result_and_discovery(spark: Any, spark_log: SparkLog) -> None:
     """Found by name through the ``pyspark_disklesslog`` module, without register();
-    register() works too; a pattern that matches nothing reads nothing."""
+    register() works too; a pattern that matches nothing reads nothing; ``load(url)``."""
     from disklesslog.spark import register
 
     with spark_log.open() as log:
@@ -115,6 +115,10 @@ def test_empty_result_and_discovery(spark: Any, spark_log: SparkLog) -> None:
     assert spark_log.read(spark, streamPattern="nothing.*").count() == 0
     register(spark)
     assert spark_log.read(spark, streams="gamma").first().value == b"g"
+    # The URL as load()'s path, as with file formats.
+    options = {k: v for k, v in spark_log.options.items() if k != "url"}
+    df = spark.read.format("disklesslog").options(**options, streams="gamma").load(spark_log.url)
+    assert df.first().value == b"g"
 
 
 def test_trimmed_offsets_follow_fail_on_data_loss(spark: Any, spark_log: SparkLog) -> None:
