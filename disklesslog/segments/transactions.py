@@ -21,7 +21,11 @@ in every stream at one instant. What it guarantees instead:
   records there the staged ones?) and appended only if they are not.
 * **What a crash mid-commit leaves**: until that retry, readers see the transaction's
   records in the streams before the interrupted one (in name order) and not in the
-  others. The staged files stay until the commit finishes, so the retry has the data.
+  others. The staged files stay until the commit finishes, so the retry has the data
+  (an abort leaves the files an interrupted commit lists alone). A retry may bring new
+  parts with the same records (a replayed Spark micro-batch): the streams already
+  appended are skipped, the others appended from the new parts, and both sets of files
+  are deleted at the end.
 
 An abort deletes the staged files. Staged files of a committer that died without a
 retry are deleted by :meth:`SegmentLog.collect_garbage` once ``STAGED_UNKNOWN_MIN_AGE``
@@ -133,45 +137,65 @@ def commit_transaction(
                     f"staged file {obj.key} is older than {STAGED_MAX_AGE / 3600:g} hours: "
                     "garbage collection may have deleted it. Stage the data again"
                 )
-        progress: dict[str, Any] = {}
+        # The first attempt's notes: its staged files (kept for a retry, even from an
+        # abort) and, per stream, the offset noted before its append or its range after.
+        progress: dict[str, Any] = {"keys": [obj.key for obj in objects], "streams": {}}
         if progress_path.exists():
             progress = json.loads(progress_path.read_text())
+        notes: dict[str, Any] = progress["streams"]
+
+        def save() -> None:
+            _write_durably(progress_path, json.dumps(progress).encode(), sync)
+
         per_stream = _batches_by_stream(log, objects)
+        save()
         for stream in sorted(per_stream):
-            note = progress.get(stream, {})
+            note = notes.get(stream, {})
             if "range" in note:
                 continue
             batches = per_stream[stream]
             span = sum(b.span for b in batches)
             if "base" in note and _landed(log, stream, note["base"], batches):
-                progress[stream] = {"range": [note["base"], note["base"] + span]}
-                _write_durably(progress_path, json.dumps(progress).encode(), sync)
+                notes[stream] = {"range": [note["base"], note["base"] + span]}
+                save()
                 continue
 
             def before(base: int, stream: str = stream) -> None:
-                progress[stream] = {"base": base}
-                _write_durably(progress_path, json.dumps(progress).encode(), sync)
+                notes[stream] = {"base": base}
+                save()
 
             def append(store: StreamStore, batches: list[EncodedBatch] = batches) -> list[int]:
                 return store.append(batches, before=before)
 
             bases = log._with_store(stream, append, create=True)
-            progress[stream] = {"range": [bases[0], bases[0] + span]}
-            _write_durably(progress_path, json.dumps(progress).encode(), sync)
-        ranges = {s: (int(n["range"][0]), int(n["range"][1])) for s, n in sorted(progress.items())}
+            notes[stream] = {"range": [bases[0], bases[0] + span]}
+            save()
+        ranges = {s: (int(n["range"][0]), int(n["range"][1])) for s, n in sorted(notes.items())}
         body = {"id": txn, "committed_at": time.time(), "ranges": ranges}
         _write_durably(record, json.dumps(body).encode(), sync)
         with contextlib.suppress(FileNotFoundError):
             progress_path.unlink()
         _delete_staged(log, objects)
+        _delete_keys(log, progress["keys"])  # a first attempt's parts, if they differed
         return TransactionResult(txn, ranges)
 
 
 def abort_transaction(log: SegmentLog, parts: Iterable[StagedPart]) -> None:
-    """Delete the parts' staged files: nothing of them was or will be visible."""
+    """Delete the parts' staged files: nothing of them was or will be visible. Files of a
+    commit that was interrupted mid-way are kept (some streams may hold their records
+    already): a retry of that transaction needs them to finish it."""
     objects = check_parts(log.url, parts)
     for obj in objects:
         _staged_path(log, obj.key)
+    pending: set[str] = set()
+    directory = log.path / TRANSACTIONS
+    if directory.exists():
+        with _flock(directory / ".lock"):
+            for path in directory.glob("*.progress.json"):
+                with contextlib.suppress(FileNotFoundError):
+                    pending.update(json.loads(path.read_text())["keys"])
+            _delete_staged(log, [obj for obj in objects if obj.key not in pending])
+        return
     _delete_staged(log, objects)
 
 
@@ -270,9 +294,13 @@ def _landed(log: SegmentLog, stream: str, base: int, batches: list[EncodedBatch]
 
 
 def _delete_staged(log: SegmentLog, objects: list[StagedObject]) -> None:
-    for obj in objects:
+    _delete_keys(log, [obj.key for obj in objects])
+
+
+def _delete_keys(log: SegmentLog, keys: Iterable[str]) -> None:
+    for key in keys:
         with contextlib.suppress(FileNotFoundError):
-            _staged_path(log, obj.key).unlink()
+            _staged_path(log, key).unlink()
 
 
 def _forget_transactions(directory: Path) -> None:

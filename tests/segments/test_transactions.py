@@ -115,3 +115,28 @@ def test_transaction_records_are_bounded(tmp_path: Path, monkeypatch: pytest.Mon
         records = list((tmp_path / "log" / "transactions").glob("*.json"))
         assert len(records) <= 3  # the bound, plus the newest before its next prune
         assert log.commit_transaction("t3", []).duplicate
+
+
+def test_an_abort_keeps_the_files_of_an_interrupted_commit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Spark aborts a job whose commit failed half-way: the retry still finishes it."""
+    with disklesslog.open(str(tmp_path / "log")) as log:
+        part = _part(log)
+        other = _part(log)
+        real = StreamStore.append
+
+        def crash_on_c(self: StreamStore, batches: Any, **kwargs: Any) -> list[int]:
+            if self.name == "c":
+                raise Crash
+            return real(self, batches, **kwargs)
+
+        monkeypatch.setattr(StreamStore, "append", crash_on_c)
+        with pytest.raises(Crash):
+            log.commit_transaction("t", [part])
+        monkeypatch.setattr(StreamStore, "append", real)
+        log.abort_transaction([part, other])  # "other" was never committed: it goes
+        staged = {p.name for p in (tmp_path / "log" / "staged").iterdir()}
+        assert staged == {obj.key.split("/")[1] for obj in part.objects}
+        log.commit_transaction("t", [part])
+        assert _contents(log) == EXPECTED
