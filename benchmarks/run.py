@@ -48,6 +48,7 @@ import peers
 import pipeline as pipe
 import sequencers as seq
 import spark as spk
+import spark_write as sw
 import workloads as wl
 from common import (
     Goal,
@@ -443,6 +444,7 @@ def all_groups(plan: Plan) -> list[Group]:
         pipe.pipeline_group(plan),
         *maint.maintenance_groups(plan),
         spk.spark_group(plan),
+        *sw.spark_write_groups(plan),
     ]
 
 

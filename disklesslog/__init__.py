@@ -35,6 +35,7 @@ from .errors import (
     SequencerError,
     StreamExistsError,
     StreamNotFound,
+    TransactionError,
 )
 from .records import Record, RecordBatch
 from .urls import open_log, register_backend
@@ -72,6 +73,7 @@ __all__ = [
     "StreamExistsError",
     "StreamInfo",
     "StreamNotFound",
+    "TransactionError",
     "Writer",
     "__version__",
     "open",

@@ -31,6 +31,8 @@ if TYPE_CHECKING:
     from .consumer import Consumer
     from .maintenance.report import MaintenanceReport, Progress
     from .maintenance.retention import Unit
+    from .sequencers.base import TransactionResult
+    from .transactions import StagedPart, Stager
     from .writer import Writer
 
 __all__ = [
@@ -355,6 +357,37 @@ class AbstractLog(ABC):
     ) -> Writer:
         """A buffering writer: ``append(stream, ...)`` returns a future; batches flush after
         ``linger_ms`` or once ``max_buffer_bytes`` are buffered."""
+
+    # ----------------------------------------------------- two-phase commits
+
+    @abstractmethod
+    def stager(self, *, max_object_bytes: int | None = None) -> Stager:
+        """Phase one of a two-phase commit, for any process: a
+        :class:`~disklesslog.transactions.Stager` whose ``append_batch(stream, ...)``
+        stores records without making them visible and whose ``finish()`` returns a
+        picklable :class:`~disklesslog.transactions.StagedPart` for the committer."""
+
+    @abstractmethod
+    def commit_transaction(
+        self, transaction_id: str, parts: Iterable[StagedPart]
+    ) -> TransactionResult:
+        """Phase two: make every staged part visible in one step, keyed by
+        ``transaction_id`` (a stable name for this commit, e.g. a Spark query id and
+        batch id). Streams that do not exist are created with the log's defaults.
+
+        Committing an id again is answered with the original offsets
+        (``duplicate=True``) and stores nothing; the parts given this time are
+        discarded. Returns :class:`~disklesslog.sequencers.TransactionResult`: per
+        stream, the ``(first, end)`` offsets the transaction's records hold. Raises
+        :class:`~disklesslog.TransactionError` for parts of another log or too old to
+        commit. How atomic a commit is depends on the backend (object logs: one
+        sequencer step; local logs: see :mod:`disklesslog.segments.transactions`)."""
+
+    @abstractmethod
+    def abort_transaction(self, parts: Iterable[StagedPart]) -> None:
+        """Discard staged parts that will never be committed: nothing of them becomes
+        visible, and their storage is reclaimed (object logs: recorded as orphans for
+        :meth:`collect_garbage`; local logs: their files are deleted)."""
 
     # ------------------------------------------------------- consumer groups
 

@@ -27,6 +27,7 @@ __all__ = [
     "SequencerError",
     "StreamExistsError",
     "StreamNotFound",
+    "TransactionError",
 ]
 
 
@@ -147,3 +148,9 @@ class SequencerConflict(SequencerError):
     """The object-store sequencer lost the race for its next log entry to other
     processes more times than its retry limit allows: nothing was applied. Retry the
     operation, or use fewer competing writers (or the PostgreSQL sequencer)."""
+
+
+class TransactionError(DisklessLogError):
+    """A two-phase commit cannot go on: its staged parts are malformed, belong to another
+    log, are too old to commit safely, or an earlier attempt of the same transaction was
+    interrupted in a way this call cannot finish. The message says what to do."""

@@ -9,19 +9,25 @@ from pathlib import Path
 import pytest
 
 EXAMPLES = sorted((Path(__file__).resolve().parents[1] / "examples").glob("*.py"))
+SPARK_MARKS = (pytest.mark.spark, pytest.mark.slow)  # a JVM of its own: ~40 s
+
+
+def _param(example: Path) -> object:
+    spark = example.name.startswith("spark_")
+    return pytest.param(example, id=example.name, marks=SPARK_MARKS if spark else ())
 
 
 def test_there_are_examples() -> None:
     assert {p.name for p in EXAMPLES} >= {"quickstart.py", "many_processes.py", "multi_writer.py"}
 
 
-@pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.name)
+@pytest.mark.parametrize("example", [_param(p) for p in EXAMPLES])
 def test_example_runs(example: Path, tmp_path: Path) -> None:
     result = subprocess.run(
         [sys.executable, str(example), str(tmp_path / "log")],
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=300 if example.name.startswith("spark_") else 120,
         check=False,
     )
     assert result.returncode == 0, result.stdout + result.stderr

@@ -21,7 +21,9 @@ Two passes:
    new key, and merging and compaction swap theirs in under the same rule, so an
    object older than the floor that the sequencer does not know never will. Key times
    come from the clock of the machine that wrote the object: the floor also absorbs
-   clock differences between machines of up to a few minutes.
+   clock differences between machines of up to a few minutes. Objects staged for a
+   two-phase commit (``….staged``) may wait up to ``STAGED_MAX_AGE`` (12 h) for their
+   commit, so their floor is ``STAGED_UNKNOWN_MIN_AGE`` (24 h).
 
 Deleting is idempotent and forgetting comes after deleting, so a collection killed at
 any point is finished by the next one. Dry runs list what would go and change nothing.
@@ -35,7 +37,8 @@ from typing import TYPE_CHECKING
 from ..errors import SequencerConflict
 from ..maintenance.grace import resolve_grace
 from ..maintenance.report import MaintenanceReport, Progress
-from .storage import key_time_ns
+from ..transactions import STAGED_UNKNOWN_MIN_AGE
+from .storage import STAGED, key_kind, key_time_ns
 from .writer import UPLOAD_MAX_AGE
 
 if TYPE_CHECKING:
@@ -68,6 +71,8 @@ def collect_garbage(
     known = set(sequencer.list_objects())
     collected = set(garbage)
     floor_ns = int(max(grace, UNKNOWN_MIN_AGE) * 1e9)
+    # Staged objects wait for a two-phase commit up to STAGED_MAX_AGE: a longer floor.
+    staged_floor_ns = int(max(grace, STAGED_UNKNOWN_MIN_AGE) * 1e9)
     now_ns = time.time_ns()
     unknown: list[str] = []
     undated = 0
@@ -77,7 +82,7 @@ def collect_garbage(
         born = key_time_ns(key)
         if born is None:
             undated += 1
-        elif now_ns - born >= floor_ns:
+        elif now_ns - born >= (staged_floor_ns if key_kind(key) == STAGED else floor_ns):
             unknown.append(key)
     total = sum(stored.get(key, 0) for key in (*garbage, *unknown))
     done = 0

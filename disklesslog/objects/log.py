@@ -12,7 +12,7 @@ import contextlib
 import threading
 import weakref
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
 from ..api import (
@@ -43,6 +43,11 @@ from . import reader
 from .cache import BlockCache, default_cache
 from .storage import SEQUENCER_DIR, ObjectStorage, open_filesystem
 from .writer import DEFAULT_INFLIGHT, ObjectWriter
+
+if TYPE_CHECKING:
+    from ..sequencers.base import TransactionResult
+    from ..transactions import StagedPart
+    from .stage import ObjectStager
 
 __all__ = ["ObjectLog", "ObjectStream"]
 
@@ -223,6 +228,31 @@ class ObjectLog(AbstractLog):
                     producer=None,
                 )
             return self._append_writer
+
+    # ------------------------------------------------------ two-phase commits
+
+    def stager(self, *, max_object_bytes: int | None = None) -> ObjectStager:
+        """A stager uploading ``….staged`` objects (see :mod:`disklesslog.objects.stage`)."""
+        from .stage import ObjectStager  # noqa: PLC0415 - loaded on use
+
+        self._check_open()
+        return ObjectStager(self, max_object_bytes=max_object_bytes)
+
+    def commit_transaction(
+        self, transaction_id: str, parts: Iterable[StagedPart]
+    ) -> TransactionResult:
+        """All parts' objects in one :meth:`Sequencer.commit_transaction`: atomic across
+        every object and stream, whatever the sequencer."""
+        from .stage import commit_transaction  # noqa: PLC0415 - loaded on use
+
+        self._check_open()
+        return commit_transaction(self, transaction_id, parts)
+
+    def abort_transaction(self, parts: Iterable[StagedPart]) -> None:
+        from .stage import abort_transaction  # noqa: PLC0415 - loaded on use
+
+        self._check_open()
+        abort_transaction(self, parts)
 
     # ------------------------------------------------------------------ reads
 

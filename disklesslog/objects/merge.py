@@ -39,7 +39,7 @@ from ..format import MAX_BATCH_BYTES_LIMIT
 from ..maintenance.report import MaintenanceReport, Progress
 from ..sequencers.base import BatchLocation
 from .rewrite import SourceReader, live_snapshot, replaced_meanwhile, swap, upload
-from .storage import MERGED, WAL, key_kind, key_time_ns
+from .storage import MERGED, STAGED, WAL, key_kind, key_time_ns
 
 if TYPE_CHECKING:
     from .log import ObjectLog
@@ -203,7 +203,7 @@ def plan_pieces(
     waiting: list[BatchLocation] = []
     run: list[BatchLocation] = []
     for b in [*batches, None]:
-        if b is not None and key_kind(b.object_key) == WAL:
+        if b is not None and key_kind(b.object_key) in (WAL, STAGED):  # both many-stream
             run.append(b)
             continue
         if not run:

@@ -10,8 +10,10 @@ A key also says what its object is, so maintenance needs no state of its own to 
 (``docs/format.md`` section 3): ``objects/<ns>-<hex>`` is a WAL object written by a
 writer (batches of many streams), ``objects/<ns>-<hex>.merged`` one stream's batches
 copied together by merging, ``objects/<ns>-<hex>.compacted`` one stream's batches
-rewritten by key compaction. ``<ns>`` is the writer's clock when it named the object;
-garbage collection judges the age of objects the sequencer never knew by it.
+rewritten by key compaction, ``objects/<ns>-<hex>.staged`` batches of many streams
+staged for a two-phase commit (:mod:`disklesslog.transactions`). ``<ns>`` is the
+writer's clock when it named the object; garbage collection judges the age of objects
+the sequencer never knew by it.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ __all__ = [
     "MERGED",
     "OBJECTS",
     "SEQUENCER_DIR",
+    "STAGED",
     "WAL",
     "ObjectStorage",
     "key_kind",
@@ -57,8 +60,12 @@ MERGED = "merged"
 """Kind of the objects merging writes: one stream's batches, copied byte for byte."""
 COMPACTED = "compacted"
 """Kind of the objects key compaction writes: one stream's surviving records."""
-KINDS = (WAL, MERGED, COMPACTED)
-_KEY = re.compile(r"objects/(\d{20})-[0-9a-f]{16}(?:\.(merged|compacted))?")
+STAGED = "staged"
+"""Kind of the objects stagers upload for a two-phase commit: laid out like WAL objects
+(and merged like them once committed), but they may wait hours for their commit, so
+garbage collection gives them longer before it takes them for failed uploads."""
+KINDS = (WAL, MERGED, COMPACTED, STAGED)
+_KEY = re.compile(r"objects/(\d{20})-[0-9a-f]{16}(?:\.(merged|compacted|staged))?")
 _DATED = re.compile(r"objects/(\d{20})-")
 SEQUENCER_DIR = "_sequencer"
 """Folder of the object-store sequencer's entries and checkpoints under the log's root."""

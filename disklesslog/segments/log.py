@@ -55,8 +55,10 @@ from ..maintenance.report import MaintenanceReport, Progress
 from ..maintenance.retention import Unit
 from ..metrics import Metrics
 from ..records import RecordBatch
+from ..sequencers.base import TransactionResult
+from ..transactions import StagedPart
 from ..writer import Writer
-from . import groups, reader, tiering
+from . import groups, reader, tiering, transactions
 from .compactor import compact_stream
 from .layout import (
     CONFIG,
@@ -75,6 +77,7 @@ from .store import FSYNC_POLICIES, StreamGone, StreamStore
 from .tier import CONFIG_FILE as TIER_CONFIG
 from .tier import Tier, configure_tier
 from .tiered import TieredReader, local_units, make_view
+from .transactions import SegmentStager
 
 __all__ = ["SegmentLog", "SegmentStream"]
 
@@ -305,6 +308,29 @@ class SegmentLog(AbstractLog):
         self._writers.add(w)
         return w
 
+    # ----------------------------------------------------- two-phase commits
+
+    def stager(self, *, max_object_bytes: int | None = None) -> SegmentStager:
+        """A stager writing files under ``staged/`` (see
+        :mod:`disklesslog.segments.transactions`); its process must see this directory
+        (the same machine, or a shared file system)."""
+        self._check_open()
+        return SegmentStager(self, max_object_bytes=max_object_bytes)
+
+    def commit_transaction(
+        self, transaction_id: str, parts: Iterable[StagedPart]
+    ) -> TransactionResult:
+        """Appends every part's batches stream by stream (name order), each stream's all
+        at once; exactly once, and rolled forward by a retry after a crash. Not atomic
+        across streams: see :mod:`disklesslog.segments.transactions` for what a crash
+        mid-commit leaves visible."""
+        self._check_open()
+        return transactions.commit_transaction(self, transaction_id, parts)
+
+    def abort_transaction(self, parts: Iterable[StagedPart]) -> None:
+        self._check_open()
+        transactions.abort_transaction(self, parts)
+
     # ---------------------------------------------------------------- tiering
 
     @property
@@ -355,17 +381,26 @@ class SegmentLog(AbstractLog):
         """Delete tiered objects that left their streams (retention, trims) once they have
         been garbage for ``grace_seconds`` (default 300), and objects under the tier
         prefix that no manifest names (failed uploads, deleted streams) once they are
-        that old. Local segments need no collection: they are deleted when trimmed."""
+        that old. Local segments need no collection: they are deleted when trimmed.
+        Staged files of two-phase commits nobody committed or aborted go once
+        ``STAGED_UNKNOWN_MIN_AGE`` (24 h) old."""
         self._check_open()
         tiered = self._tiered_reader(required=False)
         if tiered is None:
             report = MaintenanceReport("gc", dry_run=dry_run)
             report.skipped.append("no tier_url: local segments need no garbage collection")
-            return report
-        tiered.tier.check_owner(tiered.tier.log_id, claim=True)
-        return tiering.collect_garbage(
-            self, tiered.tier, dry_run=dry_run, progress=progress, grace_seconds=grace_seconds
+        else:
+            tiered.tier.check_owner(tiered.tier.log_id, claim=True)
+            report = tiering.collect_garbage(
+                self, tiered.tier, dry_run=dry_run, progress=progress, grace_seconds=grace_seconds
+            )
+        transactions.collect_staged(
+            self,
+            report,
+            dry_run=dry_run,
+            grace_seconds=tiering.DEFAULT_GRACE_SECONDS if grace_seconds is None else grace_seconds,
         )
+        return report
 
     def _may_have_tiered_streams(self, *, now: bool = False) -> bool:
         """Whether this log has a tier, cheaply: a log opened without one looks for

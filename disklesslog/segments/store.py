@@ -28,7 +28,7 @@ import os
 import random
 import threading
 from bisect import bisect_right
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import NamedTuple
@@ -511,13 +511,18 @@ class StreamStore:
 
     # ---------------------------------------------------------------- writing
 
-    def append(self, batches: list[EncodedBatch]) -> list[int]:
+    def append(
+        self, batches: list[EncodedBatch], *, before: Callable[[int], None] | None = None
+    ) -> list[int]:
         """Append encoded batches atomically; return their base offsets.
 
         The batches go into one segment with one ``writev``; any failure truncates the
         file back, so either all of them become visible or none. (Only a group larger
         than ``segment_bytes`` is split across segments, batch by batch.) Durable per
-        the fsync policy when this returns.
+        the fsync policy when this returns. ``before(offset)`` is called under the
+        stream's lock with the offset the first batch will get, before anything is
+        written: a two-phase commit notes it to find out after a crash whether this
+        append happened.
         """
         with self._mutex:
             if self._closed:
@@ -525,6 +530,8 @@ class StreamStore:
             fcntl.flock(self._lock_fd, fcntl.LOCK_EX)
             try:
                 self._refresh(locked=True)
+                if before is not None:
+                    before(self._segments[-1].end_offset)
                 if len(batches) == 1:
                     bases = [self._write_one(batches[0])]
                 else:

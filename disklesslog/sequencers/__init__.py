@@ -21,6 +21,7 @@ from .base import (
     CommitResult,
     Sequencer,
     StreamMeta,
+    TransactionResult,
 )
 
 __all__ = [
@@ -31,6 +32,7 @@ __all__ = [
     "CommitResult",
     "Sequencer",
     "StreamMeta",
+    "TransactionResult",
     "open_sequencer",
     "register_sequencer",
     "sequencer_schemes",

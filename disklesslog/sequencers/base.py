@@ -23,16 +23,27 @@ from ..errors import DisklessLogError
 
 __all__ = [
     "NO_PRODUCER",
+    "TRACKED_TRANSACTIONS",
+    "TRANSACTION_RETENTION_SECONDS",
     "BatchLocation",
     "BatchPage",
     "BatchToCommit",
     "CommitResult",
     "Sequencer",
     "StreamMeta",
+    "TransactionResult",
 ]
 
 NO_PRODUCER = -1
 """``producer_id`` of a batch written without idempotence (never deduplicated)."""
+
+TRACKED_TRANSACTIONS = 10_000
+"""Most transaction ids a sequencer remembers (the newest ones): a repeat of an id it
+forgot is committed again. Each costs one small row or entry (its streams' ranges)."""
+TRANSACTION_RETENTION_SECONDS = 7 * 24 * 3600.0
+"""Longest a committed transaction id is remembered (7 days), by the sequencer's clock.
+Whichever bound is reached first forgets an id: a replayed Spark micro-batch comes
+within minutes, a re-run job within days, and 10,000 ids bound the space."""
 
 
 @dataclass(frozen=True)
@@ -62,6 +73,21 @@ class CommitResult:
     batch committed before, and ``base_offset`` is that batch's original offset."""
 
     base_offset: int
+    duplicate: bool = False
+
+
+@dataclass(frozen=True)
+class TransactionResult:
+    """Outcome of :meth:`Sequencer.commit_transaction`.
+
+    ``ranges`` maps every stream the transaction wrote to ``(first_offset,
+    end_offset)``: its records hold exactly those offsets, because one atomic step
+    assigned them back to back. ``duplicate`` means the id had been committed before:
+    the ranges are the original ones and nothing was stored this time.
+    """
+
+    transaction_id: str
+    ranges: dict[str, tuple[int, int]]
     duplicate: bool = False
 
 
@@ -178,6 +204,27 @@ class Sequencer(ABC):
             except DisklessLogError as exc:
                 outcomes.append(exc)
         return outcomes
+
+    @abstractmethod
+    def commit_transaction(
+        self, transaction_id: str, objects: Sequence[tuple[str, Sequence[BatchToCommit]]]
+    ) -> TransactionResult:
+        """Commit several uploaded objects ``(object_key, batches)`` as **one** atomic
+        step keyed by ``transaction_id``: the second phase of a two-phase commit whose
+        first phase (staging) uploaded the objects from many processes.
+
+        All or nothing across every object and stream: offsets are assigned in the
+        order of ``objects`` and their batches, each stream continuing from its end
+        offset; any rejection (unknown stream, malformed batch) refuses the whole
+        transaction and changes nothing. Transactional batches carry no producer
+        (``producer_id`` is :data:`NO_PRODUCER`): the transaction id deduplicates them.
+
+        If ``transaction_id`` was committed before (and is still remembered: see
+        :data:`TRACKED_TRANSACTIONS`, :data:`TRANSACTION_RETENTION_SECONDS`), nothing is
+        stored, the original ranges come back with ``duplicate=True``, and objects given
+        now that the sequencer does not know are recorded as orphans in the same step
+        (a replayed job uploaded them again; garbage collection deletes them).
+        """
 
     @abstractmethod
     def record_orphan(self, object_key: str) -> None:

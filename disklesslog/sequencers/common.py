@@ -14,15 +14,31 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..api import validate_group_name, validate_stream_name
-from ..errors import ConfigError, OffsetOutOfRange, SequencerError, StreamNotFound
-from .base import NO_PRODUCER, BatchLocation, BatchToCommit, CommitResult
+from ..errors import (
+    ConfigError,
+    OffsetOutOfRange,
+    SequencerError,
+    StreamNotFound,
+    TransactionError,
+)
+from .base import (
+    NO_PRODUCER,
+    TRACKED_TRANSACTIONS,
+    TRANSACTION_RETENTION_SECONDS,
+    BatchLocation,
+    BatchToCommit,
+    CommitResult,
+)
 from .producers import ProducerStreamState, advance, decide
 
 __all__ = [
+    "MAX_TRANSACTION_ID_CHARS",
     "TIME_INDEX_INTERVAL",
+    "TRACKED_TRANSACTIONS",
     "Clock",
     "CommitPlan",
     "StreamCursor",
+    "already_known",
     "check_batches",
     "check_keys",
     "check_new_batches",
@@ -30,13 +46,22 @@ __all__ = [
     "check_offsets",
     "check_old_ids",
     "check_position",
+    "check_transaction",
+    "check_transaction_id",
     "config_copy",
     "merged_config",
     "not_contiguous",
     "out_of_range",
     "plan_commit",
+    "ranges_from_json",
+    "ranges_to_json",
     "time_index_repair",
+    "transaction_cutoff",
+    "transaction_ranges",
 ]
+
+MAX_TRANSACTION_ID_CHARS = 1024
+"""Longest transaction id: ids are keys (a row, a file name hash), not payloads."""
 
 TIME_INDEX_INTERVAL = 16
 """Batches per stream between two time-index entries: bounds offset_for_time's scan
@@ -85,6 +110,90 @@ def check_batches(batches: Sequence[BatchToCommit]) -> Sequence[BatchToCommit]:
                 "position >= 0, size >= 0, span >= 1 and 0 <= record_count <= span)"
             )
     return batches
+
+
+def check_transaction_id(transaction_id: object) -> str:
+    """A transaction id is a non-empty str of at most 1024 characters without NUL (which
+    PostgreSQL cannot store): the caller's stable name for one all-or-nothing commit."""
+    if not isinstance(transaction_id, str) or not transaction_id:
+        raise ConfigError(f"a transaction id must be a non-empty str, not {transaction_id!r}")
+    if len(transaction_id) > MAX_TRANSACTION_ID_CHARS or "\x00" in transaction_id:
+        raise ConfigError(
+            f"a transaction id must be at most {MAX_TRANSACTION_ID_CHARS} characters "
+            "without NUL; derive a short one (e.g. a hash) from a longer name"
+        )
+    return transaction_id
+
+
+def check_transaction(
+    transaction_id: object, objects: Sequence[tuple[str, Sequence[BatchToCommit]]]
+) -> tuple[str, list[tuple[str, Sequence[BatchToCommit]]], list[BatchToCommit]]:
+    """Validate a :meth:`Sequencer.commit_transaction` call before anything is looked up.
+
+    Returns the id, the objects as a list of ``(key, batches)`` and all batches in commit
+    order. Refuses a lone pair (not a list of them), repeated object keys (the same
+    object would be counted twice) and producer batches (the transaction id, not a
+    producer, deduplicates a transaction; mixing both would make a retry ambiguous).
+    """
+    txn = check_transaction_id(transaction_id)
+    if isinstance(objects, (str, bytes)) or not isinstance(objects, Sequence):
+        raise ConfigError("objects must be a list of (object key, batches) pairs")
+    checked: list[tuple[str, Sequence[BatchToCommit]]] = []
+    flat: list[BatchToCommit] = []
+    seen: set[str] = set()
+    for item in objects:
+        if not isinstance(item, tuple) or len(item) != 2:
+            raise ConfigError(f"objects must hold (object key, batches) pairs, not {item!r}")
+        key = check_object_key(item[0])
+        if key in seen:
+            raise SequencerError(f"object {key!r} appears twice in transaction {txn!r}")
+        seen.add(key)
+        batches = check_batches(item[1])
+        for b in batches:
+            if b.producer_id != NO_PRODUCER:
+                raise SequencerError(
+                    f"transaction {txn!r}: batches of a transaction carry no producer id "
+                    f"(got producer {b.producer_id}); the transaction id deduplicates them"
+                )
+        checked.append((key, batches))
+        flat.extend(batches)
+    return txn, checked, flat
+
+
+def already_known(transaction_id: str, keys: Sequence[str]) -> TransactionError:
+    """A new transaction may only bring objects the sequencer has never seen: a known one
+    was committed before (its records would count twice) or aborted (recorded as an
+    orphan, so garbage collection may delete it at any moment)."""
+    shown = ", ".join(sorted(keys)[:3])
+    return TransactionError(
+        f"transaction {transaction_id!r}: object(s) {shown} were committed or aborted "
+        "before; stage the data again"
+    )
+
+
+def transaction_ranges(plan: CommitPlan) -> dict[str, tuple[int, int]]:
+    """Per stream, ``(first offset, end offset)`` of a planned transaction's batches:
+    contiguous, because one step assigned them back to back."""
+    ranges: dict[str, tuple[int, int]] = {}
+    for _, b, base in plan.accepted:
+        first = ranges.get(b.stream, (base, base))[0]
+        ranges[b.stream] = (first, base + b.span)
+    return dict(sorted(ranges.items()))
+
+
+def transaction_cutoff(now: float) -> float:
+    """Transactions committed before this time are forgotten (the age bound; the count
+    bound, :data:`TRACKED_TRANSACTIONS`, is applied by each sequencer's ordering)."""
+    return now - TRANSACTION_RETENTION_SECONDS
+
+
+def ranges_to_json(ranges: Mapping[str, tuple[int, int]]) -> str:
+    """Stored form of a transaction's ranges (SQL sequencers): ``{stream: [first, end]}``."""
+    return json.dumps({name: list(r) for name, r in ranges.items()}, sort_keys=True)
+
+
+def ranges_from_json(text: str) -> dict[str, tuple[int, int]]:
+    return {name: (int(a), int(b)) for name, (a, b) in json.loads(text).items()}
 
 
 def check_offsets(group: str, offsets: Mapping[str, int]) -> dict[str, int]:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -32,6 +33,7 @@ from .base import (
     CommitResult,
     Sequencer,
     StreamMeta,
+    TransactionResult,
 )
 from .producers import ProducerStreamState
 
@@ -39,9 +41,11 @@ __all__ = ["MemorySequencer", "open_memory_sequencer", "reset_memory_sequencers"
 
 from .common import (
     TIME_INDEX_INTERVAL,
+    TRACKED_TRANSACTIONS,
     Clock,
     CommitPlan,
     StreamCursor,
+    already_known,
     check_batches,
     check_keys,
     check_new_batches,
@@ -49,12 +53,15 @@ from .common import (
     check_offsets,
     check_old_ids,
     check_position,
+    check_transaction,
     config_copy,
     merged_config,
     not_contiguous,
     out_of_range,
     plan_commit,
     time_index_repair,
+    transaction_cutoff,
+    transaction_ranges,
 )
 
 # --------------------------------------------------------------------------- memory
@@ -128,6 +135,10 @@ class MemorySequencer(Sequencer):
         self._batch_index: dict[int, tuple[_Stream, int]] = {}  # id -> (stream, base)
         self._objects: dict[str, _Object] = {}
         self._groups: dict[str, dict[str, int]] = {}
+        # transaction id -> (commit time, ranges), oldest first (see _forget_transactions)
+        self._transactions: OrderedDict[str, tuple[float, dict[str, tuple[int, int]]]] = (
+            OrderedDict()
+        )
 
     def __repr__(self) -> str:
         return f"MemorySequencer({self.url or '<private>'})"
@@ -216,8 +227,15 @@ class MemorySequencer(Sequencer):
 
     def _apply(self, object_key: str, plan: CommitPlan) -> None:
         """Store a plan. Cannot fail: every check ran in :meth:`_plan`."""
-        self._acquire(object_key, len(plan.accepted))
-        for cursor, b, base in plan.accepted:
+        self._store_batches(object_key, plan.accepted)
+        self._move_streams(plan)
+
+    def _store_batches(
+        self, object_key: str, accepted: Sequence[tuple[StreamCursor, BatchToCommit, int]]
+    ) -> None:
+        """Add one object's accepted batches (its part of a plan)."""
+        self._acquire(object_key, len(accepted))
+        for cursor, b, base in accepted:
             stream: _Stream = cursor.key  # type: ignore[assignment]
             loc = BatchLocation(
                 self._new_batch_id(),
@@ -230,15 +248,61 @@ class MemorySequencer(Sequencer):
             )
             stream.batches[base] = loc
             self._batch_index[loc.batch_id] = (stream, base)
+
+    def _move_streams(self, plan: CommitPlan) -> None:
+        """Apply a plan's new extents, time-index entries and producer states."""
         for cursor, running_max, next_offset in plan.time_index:
             cursor.key.time_index[running_max] = next_offset  # type: ignore[attr-defined]
         for cursor in {id(c): c for c, _, _ in plan.accepted}.values():
-            stream = cursor.key  # type: ignore[assignment]
+            stream: _Stream = cursor.key  # type: ignore[assignment]
             stream.end = cursor.end
             stream.max_timestamp = cursor.max_timestamp
             stream.unindexed = cursor.unindexed
         for (stream_key, producer_id), state in plan.states.items():
             stream_key.producers[producer_id] = state  # type: ignore[attr-defined]
+
+    def commit_transaction(
+        self, transaction_id: str, objects: Sequence[tuple[str, Sequence[BatchToCommit]]]
+    ) -> TransactionResult:
+        """Plan every object's batches as one commit, then store them object by object
+        under the same lock hold: all or nothing. Ids are kept in commit order, so the
+        oldest go first when a bound is reached (and every replica of the object-store
+        sequencer forgets the same ones)."""
+        txn, checked, flat = check_transaction(transaction_id, objects)
+        with self._lock:
+            now = self._clock()
+            self._forget_transactions(now)
+            known = self._transactions.get(txn)
+            if known is not None:
+                for key, _ in checked:
+                    if key not in self._objects:
+                        self._objects[key] = _Object(0, now)
+                return TransactionResult(txn, dict(known[1]), duplicate=True)
+            known_keys = [key for key, _ in checked if key in self._objects]
+            if known_keys:
+                raise already_known(txn, known_keys)
+            plan = self._plan(flat)
+            start = 0
+            for key, batches in checked:  # no producers: one accepted entry per batch
+                self._store_batches(key, plan.accepted[start : start + len(batches)])
+                start += len(batches)
+            self._move_streams(plan)
+            ranges = transaction_ranges(plan)
+            self._transactions[txn] = (now, ranges)
+            self._forget_transactions(now)
+            return TransactionResult(txn, dict(ranges))
+
+    def _forget_transactions(self, now: float) -> None:
+        """Drop ids past either bound (:data:`TRACKED_TRANSACTIONS`, the age limit)."""
+        cutoff = transaction_cutoff(now)
+        ids = self._transactions
+        while ids and (len(ids) > TRACKED_TRANSACTIONS or next(iter(ids.values()))[0] < cutoff):
+            ids.popitem(last=False)
+
+    def transactions(self) -> list[str]:
+        """The remembered transaction ids, oldest first (for tests and operators)."""
+        with self._lock:
+            return list(self._transactions)
 
     def record_orphan(self, object_key: str) -> None:
         check_object_key(object_key)
@@ -425,6 +489,11 @@ class MemorySequencer(Sequencer):
                     [g, sorted([s, off] for s, off in offsets.items())]
                     for g, offsets in self._groups.items()
                 ),
+                # commit order, not sorted: it decides which ids the count bound drops
+                "transactions": [
+                    [txn, at, [[name, first, end] for name, (first, end) in ranges.items()]]
+                    for txn, (at, ranges) in self._transactions.items()
+                ],
             }
 
     @classmethod
@@ -453,6 +522,8 @@ class MemorySequencer(Sequencer):
         seq._next_batch_id = snapshot["next_batch_id"]
         seq._objects = {key: _Object(live, dead) for key, live, dead in snapshot["objects"]}
         seq._groups = {g: dict(offsets) for g, offsets in snapshot["groups"]}
+        for txn, at, ranges in snapshot.get("transactions", ()):  # absent before transactions
+            seq._transactions[txn] = (at, {name: (first, end) for name, first, end in ranges})
         return seq
 
     # ----------------------------------------------------------------- helpers

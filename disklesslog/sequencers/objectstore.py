@@ -60,7 +60,15 @@ from ..errors import (
     SequencerConflict,
     SequencerError,
 )
-from .base import BatchLocation, BatchPage, BatchToCommit, CommitResult, Sequencer, StreamMeta
+from .base import (
+    BatchLocation,
+    BatchPage,
+    BatchToCommit,
+    CommitResult,
+    Sequencer,
+    StreamMeta,
+    TransactionResult,
+)
 from .common import (
     Clock,
     check_batches,
@@ -69,6 +77,7 @@ from .common import (
     check_offsets,
     check_old_ids,
     check_position,
+    check_transaction,
     config_copy,
 )
 from .conditional import put_if_absent
@@ -277,6 +286,16 @@ class ObjectStoreSequencer(Sequencer):
             else:
                 raise slot.error
         return outcomes
+
+    def commit_transaction(
+        self, transaction_id: str, objects: Sequence[tuple[str, Sequence[BatchToCommit]]]
+    ) -> TransactionResult:
+        """One ``commit_transaction`` operation in one entry: every replica applies all of
+        its objects or none, and remembers the id in its replicated state."""
+        txn, checked, _ = check_transaction(transaction_id, objects)
+        op = ["commit_transaction", txn, [[key, _rows(batches)] for key, batches in checked]]
+        result: TransactionResult = self._submit(op)
+        return result
 
     def record_orphan(self, object_key: str) -> None:
         check_object_key(object_key)
@@ -675,6 +694,14 @@ def _commit(state: MemorySequencer, key: str, rows: list[list[Any]]) -> list[Com
     return state.commit(key, [BatchToCommit(*row) for row in rows])
 
 
+def _commit_transaction(
+    state: MemorySequencer, txn: str, objects: list[list[Any]]
+) -> TransactionResult:
+    return state.commit_transaction(
+        txn, [(key, [BatchToCommit(*row) for row in rows]) for key, rows in objects]
+    )
+
+
 def _create_stream(state: MemorySequencer, name: str, config: str) -> StreamMeta:
     import json  # noqa: PLC0415 - only on stream creation
 
@@ -693,6 +720,7 @@ def _replace(state: MemorySequencer, stream: str, ids: list[int], news: list[lis
 
 _OPS: dict[str, Callable[..., Any]] = {
     "commit": _commit,
+    "commit_transaction": _commit_transaction,
     "create_stream": _create_stream,
     "alter_stream": _alter_stream,
     "delete_stream": MemorySequencer.delete_stream,

@@ -101,12 +101,15 @@ from .base import (
     CommitResult,
     Sequencer,
     StreamMeta,
+    TransactionResult,
 )
 from .common import (
     TIME_INDEX_INTERVAL,
+    TRACKED_TRANSACTIONS,
     Clock,
     CommitPlan,
     StreamCursor,
+    already_known,
     check_batches,
     check_keys,
     check_new_batches,
@@ -114,12 +117,17 @@ from .common import (
     check_offsets,
     check_old_ids,
     check_position,
+    check_transaction,
     config_copy,
     merged_config,
     not_contiguous,
     out_of_range,
     plan_commit,
+    ranges_from_json,
+    ranges_to_json,
     time_index_repair,
+    transaction_cutoff,
+    transaction_ranges,
 )
 from .producers import ProducerStreamState
 
@@ -146,7 +154,7 @@ __all__ = [
     "validate_schema_name",
 ]
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 """Version of the tables this code writes; a newer schema is refused, an older migrated."""
 
 DEFAULT_SCHEMA = "disklesslog"
@@ -222,6 +230,17 @@ _MIGRATIONS: dict[int, tuple[str, tuple[str, ...]]] = {
             ' stream text COLLATE "C" NOT NULL,'
             " next_offset bigint NOT NULL,"
             " PRIMARY KEY (group_name, stream))",
+        ),
+    ),
+    2: (
+        "committed transaction ids (commit_transaction)",
+        (
+            "CREATE TABLE {s}.transactions ("
+            " seq bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,"  # commit order
+            ' id text COLLATE "C" NOT NULL UNIQUE,'
+            " committed_at double precision NOT NULL,"
+            " ranges text NOT NULL)",  # JSON {"stream": [first, end]}
+            "CREATE INDEX transactions_by_time ON {s}.transactions (committed_at)",
         ),
     ),
 }
@@ -330,6 +349,23 @@ class _Queries:
         "INSERT INTO {s}.objects (key, live_batches, dead_since) VALUES (%s, 0, %s)"
         " ON CONFLICT (key) DO NOTHING"
     )
+    record_orphans: str = (
+        "INSERT INTO {s}.objects (key, live_batches, dead_since)"
+        " SELECT k, 0, %s FROM unnest(%s::text[]) AS a(k) ORDER BY k"
+        " ON CONFLICT (key) DO NOTHING"
+    )
+    # Transactions: the id's row is inserted first, so a second commit of the same id
+    # waits on the unique index until the first ends, then finds the row (or, if the
+    # first rolled back, inserts it). Expired ids go first, by age; by count last.
+    forget_old_transactions: str = "DELETE FROM {s}.transactions WHERE committed_at < %s"
+    claim_transaction: str = (
+        "INSERT INTO {s}.transactions (id, committed_at, ranges) VALUES (%s, %s, '')"
+        " ON CONFLICT (id) DO NOTHING RETURNING seq"
+    )
+    known_objects: str = "SELECT key FROM {s}.objects WHERE key = ANY(%s::text[])"
+    transaction_ranges: str = "SELECT ranges FROM {s}.transactions WHERE id = %s"
+    finish_transaction: str = "UPDATE {s}.transactions SET ranges = %s WHERE seq = %s"
+    forget_transactions_beyond: str = "DELETE FROM {s}.transactions WHERE seq <= %s - %s"
     # Reads: the stream's extent and its batches in one statement, one snapshot.
     find_batches: str = (
         "SELECT s.start_offset, s.end_offset, b.id,"
@@ -921,34 +957,92 @@ class PostgresSequencer(Sequencer):
             now = self._clock()
             cur = conn.cursor()
             plan, cursors = self._plan(cur, batches)
-            accepted = plan.accepted
-            moved = [c for c in cursors if c.dirty]
-            times = {(c.key, ts): offset for c, ts, offset in plan.time_index}  # last wins
-            params = {
-                "key": object_key,
-                "live": len(accepted),
-                "now": now,
-                "b_stream": _ints([c.key for c, _, _ in accepted]),
-                "b_position": _ints([b.position for _, b, _ in accepted]),
-                "b_size": _ints([b.size for _, b, _ in accepted]),
-                "b_base": _ints([base for _, _, base in accepted]),
-                "b_last": _ints([base + b.span - 1 for _, b, base in accepted]),
-                "b_ts": _ints([b.max_timestamp for _, b, _ in accepted]),
-                "s_id": _ints([c.key for c in moved]),
-                "s_end": _ints([c.end for c in moved]),
-                "s_ts": _ints([c.max_timestamp for c in moved]),
-                "s_unindexed": _ints([c.unindexed for c in moved]),
-                "p_stream": _ints([key[0] for key in plan.states]),
-                "p_id": _ints([key[1] for key in plan.states]),
-                "p_state": _texts(
-                    [self._states.encode(key, state) for key, state in plan.states.items()]
-                ),
-                "t_stream": _ints([key[0] for key in times]),
-                "t_ts": _ints([key[1] for key in times]),
-                "t_next": _ints(times.values()),
-            }
-            cur.execute(self._q.write_commit, params)
+            cur.execute(
+                self._q.write_commit,
+                self._write_params(object_key, plan.accepted, plan, cursors, now),
+            )
             return plan.results
+
+        return self._call(work, transaction=True)
+
+    def _write_params(
+        self,
+        object_key: str,
+        accepted: Sequence[tuple[StreamCursor, BatchToCommit, int]],
+        plan: CommitPlan | None,
+        cursors: Sequence[StreamCursor],
+        now: float,
+    ) -> dict[str, Any]:
+        """Parameters of ``write_commit`` for one object's accepted batches; with
+        ``plan``, also the streams' new extents, producer states and time-index entries
+        (a transaction passes them with its last object only)."""
+        moved = [c for c in cursors if c.dirty] if plan is not None else []
+        times = (
+            {(c.key, ts): offset for c, ts, offset in plan.time_index}  # last wins
+            if plan is not None
+            else {}
+        )
+        states = plan.states if plan is not None else {}
+        return {
+            "key": object_key,
+            "live": len(accepted),
+            "now": now,
+            "b_stream": _ints([c.key for c, _, _ in accepted]),
+            "b_position": _ints([b.position for _, b, _ in accepted]),
+            "b_size": _ints([b.size for _, b, _ in accepted]),
+            "b_base": _ints([base for _, _, base in accepted]),
+            "b_last": _ints([base + b.span - 1 for _, b, base in accepted]),
+            "b_ts": _ints([b.max_timestamp for _, b, _ in accepted]),
+            "s_id": _ints([c.key for c in moved]),
+            "s_end": _ints([c.end for c in moved]),
+            "s_ts": _ints([c.max_timestamp for c in moved]),
+            "s_unindexed": _ints([c.unindexed for c in moved]),
+            "p_stream": _ints([key[0] for key in states]),
+            "p_id": _ints([key[1] for key in states]),
+            "p_state": _texts([self._states.encode(key, state) for key, state in states.items()]),
+            "t_stream": _ints([key[0] for key in times]),
+            "t_ts": _ints([key[1] for key in times]),
+            "t_next": _ints(times.values()),
+        }
+
+    def commit_transaction(
+        self, transaction_id: str, objects: Sequence[tuple[str, Sequence[BatchToCommit]]]
+    ) -> TransactionResult:
+        """One SQL transaction: forget expired ids, claim the id's row (a concurrent
+        commit of the same id waits here, before any stream lock), then lock the streams
+        in name order as :meth:`commit` does and write every object's batches, one
+        statement per object; the stream extents go with the last one."""
+        txn, checked, flat = check_transaction(transaction_id, objects)
+        for key, _ in checked:
+            _check_text(key, "object key")
+
+        def work(conn: Connection) -> TransactionResult:
+            now = self._clock()
+            cur = conn.cursor()
+            cur.execute(self._q.forget_old_transactions, (transaction_cutoff(now),))
+            claimed = cur.execute(self._q.claim_transaction, (txn, now)).fetchone()
+            if claimed is None:
+                row = cur.execute(self._q.transaction_ranges, (txn,)).fetchone()
+                if row is None:  # expired between the two statements: no answer to give
+                    raise SequencerError(f"transaction {txn!r} changed under this call; retry")
+                cur.execute(self._q.record_orphans, (now, _texts([k for k, _ in checked])))
+                return TransactionResult(txn, ranges_from_json(row[0]), duplicate=True)
+            keys = _texts([key for key, _ in checked])
+            known_keys = [row[0] for row in cur.execute(self._q.known_objects, (keys,))]
+            if known_keys:
+                raise already_known(txn, known_keys)
+            plan, cursors = self._plan(cur, flat)
+            start = 0
+            for i, (key, batches) in enumerate(checked):  # no producers: one entry per batch
+                last = i == len(checked) - 1
+                accepted = plan.accepted[start : start + len(batches)]
+                start += len(batches)
+                params = self._write_params(key, accepted, plan if last else None, cursors, now)
+                cur.execute(self._q.write_commit, params)
+            ranges = transaction_ranges(plan)
+            cur.execute(self._q.finish_transaction, (ranges_to_json(ranges), claimed[0]))
+            cur.execute(self._q.forget_transactions_beyond, (claimed[0], TRACKED_TRANSACTIONS))
+            return TransactionResult(txn, ranges)
 
         return self._call(work, transaction=True)
 

@@ -69,12 +69,15 @@ from .base import (
     CommitResult,
     Sequencer,
     StreamMeta,
+    TransactionResult,
 )
 from .common import (
     TIME_INDEX_INTERVAL,
+    TRACKED_TRANSACTIONS,
     Clock,
     CommitPlan,
     StreamCursor,
+    already_known,
     check_batches,
     check_keys,
     check_new_batches,
@@ -82,12 +85,17 @@ from .common import (
     check_offsets,
     check_old_ids,
     check_position,
+    check_transaction,
     config_copy,
     merged_config,
     not_contiguous,
     out_of_range,
     plan_commit,
+    ranges_from_json,
+    ranges_to_json,
     time_index_repair,
+    transaction_cutoff,
+    transaction_ranges,
 )
 from .producers import ProducerStreamState
 
@@ -100,7 +108,7 @@ __all__ = [
     "parse_sqlite_url",
 ]
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 """Version of the tables this code writes; a newer file is refused, an older migrated."""
 
 SYNCHRONOUS_MODES = ("normal", "full")
@@ -162,6 +170,15 @@ _MIGRATIONS: dict[int, tuple[str, ...]] = {
         " stream TEXT NOT NULL,"
         " next_offset INTEGER NOT NULL,"
         " PRIMARY KEY (group_name, stream)) WITHOUT ROWID",
+    ),
+    2: (
+        # Committed transaction ids (commit_transaction), oldest first by seq.
+        "CREATE TABLE transactions ("
+        " seq INTEGER PRIMARY KEY AUTOINCREMENT,"
+        " id TEXT NOT NULL UNIQUE,"
+        " committed_at REAL NOT NULL,"
+        " ranges TEXT NOT NULL)",  # {"stream": [first, end]}
+        "CREATE INDEX transactions_by_time ON transactions (committed_at)",
     ),
 }
 
@@ -608,44 +625,96 @@ class SqliteSequencer(Sequencer):
         now = self._clock()
         with self._transaction(_WRITE) as db:
             plan, cursors = _plan(db, batches, self._states)
-            object_id = _acquire(db, object_key, len(plan.accepted), now)
-            if plan.accepted:
-                db.executemany(
-                    _INSERT_BATCH,
-                    [
-                        (
-                            c.key,
-                            object_id,
-                            b.position,
-                            b.size,
-                            base,
-                            base + b.span - 1,
-                            b.max_timestamp,
-                        )
-                        for c, b, base in plan.accepted
-                    ],
-                )
-                db.executemany(
-                    "UPDATE streams SET end_offset = ?, max_timestamp = ?, unindexed = ? "
-                    "WHERE id = ?",
-                    [(c.end, c.max_timestamp, c.unindexed, c.key) for c in cursors if c.dirty],
-                )
-            if plan.states:
-                db.executemany(
-                    "INSERT OR REPLACE INTO producer_streams (stream_id, producer_id, state) "
-                    "VALUES (?, ?, ?)",
-                    [
-                        (sid, pid, self._states.encode((sid, pid), state))
-                        for (sid, pid), state in plan.states.items()
-                    ],
-                )
-            if plan.time_index:
-                db.executemany(
-                    "INSERT OR REPLACE INTO time_index (stream_id, max_timestamp, next_offset) "
-                    "VALUES (?, ?, ?)",
-                    [(c.key, ts, offset) for c, ts, offset in plan.time_index],
-                )
+            self._write_plan(db, [(object_key, plan.accepted)], plan, cursors, now)
         return plan.results
+
+    def _write_plan(
+        self,
+        db: sqlite3.Connection,
+        parts: Sequence[tuple[str, Sequence[tuple[StreamCursor, BatchToCommit, int]]]],
+        plan: CommitPlan,
+        cursors: Sequence[StreamCursor],
+        now: float,
+    ) -> None:
+        """Store a plan: each object's accepted batches (``parts``), then the streams'
+        extents, producer states and time-index entries once."""
+        for object_key, accepted in parts:
+            object_id = _acquire(db, object_key, len(accepted), now)
+            db.executemany(
+                _INSERT_BATCH,
+                [
+                    (c.key, object_id, b.position, b.size, base, base + b.span - 1, b.max_timestamp)
+                    for c, b, base in accepted
+                ],
+            )
+        if plan.accepted:
+            db.executemany(
+                "UPDATE streams SET end_offset = ?, max_timestamp = ?, unindexed = ? WHERE id = ?",
+                [(c.end, c.max_timestamp, c.unindexed, c.key) for c in cursors if c.dirty],
+            )
+        if plan.states:
+            db.executemany(
+                "INSERT OR REPLACE INTO producer_streams (stream_id, producer_id, state) "
+                "VALUES (?, ?, ?)",
+                [
+                    (sid, pid, self._states.encode((sid, pid), state))
+                    for (sid, pid), state in plan.states.items()
+                ],
+            )
+        if plan.time_index:
+            db.executemany(
+                "INSERT OR REPLACE INTO time_index (stream_id, max_timestamp, next_offset) "
+                "VALUES (?, ?, ?)",
+                [(c.key, ts, offset) for c, ts, offset in plan.time_index],
+            )
+
+    def commit_transaction(
+        self, transaction_id: str, objects: Sequence[tuple[str, Sequence[BatchToCommit]]]
+    ) -> TransactionResult:
+        """One ``BEGIN IMMEDIATE`` transaction: forget expired ids, look the id up, and
+        either answer the original ranges (recording unknown objects as orphans) or plan
+        and store every object's batches and the id."""
+        txn, checked, flat = check_transaction(transaction_id, objects)
+        now = self._clock()
+        with self._transaction(_WRITE) as db:
+            db.execute(
+                "DELETE FROM transactions WHERE committed_at < ?", (transaction_cutoff(now),)
+            )
+            row = db.execute("SELECT ranges FROM transactions WHERE id = ?", (txn,)).fetchone()
+            if row is not None:
+                db.executemany(
+                    "INSERT OR IGNORE INTO objects (key, live_batches, dead_since) "
+                    "VALUES (?, 0, ?)",
+                    [(key, now) for key, _ in checked],
+                )
+                return TransactionResult(txn, ranges_from_json(row[0]), duplicate=True)
+            keys = [key for key, _ in checked]
+            known_keys = [
+                row[0]
+                for chunk in _chunks(keys)
+                for row in db.execute(
+                    f"SELECT key FROM objects WHERE key IN ({_marks(len(chunk))})", chunk
+                )
+            ]
+            if known_keys:
+                raise already_known(txn, known_keys)
+            plan, cursors = _plan(db, flat, self._states)
+            parts = []
+            start = 0
+            for key, batches in checked:  # no producers: one accepted entry per batch
+                parts.append((key, plan.accepted[start : start + len(batches)]))
+                start += len(batches)
+            self._write_plan(db, parts, plan, cursors, now)
+            ranges = transaction_ranges(plan)
+            db.execute(
+                "INSERT INTO transactions (id, committed_at, ranges) VALUES (?, ?, ?)",
+                (txn, now, ranges_to_json(ranges)),
+            )
+            db.execute(
+                "DELETE FROM transactions WHERE seq <= (SELECT max(seq) FROM transactions) - ?",
+                (TRACKED_TRANSACTIONS,),
+            )
+        return TransactionResult(txn, ranges)
 
     def record_orphan(self, object_key: str) -> None:
         check_object_key(object_key)

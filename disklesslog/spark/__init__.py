@@ -23,9 +23,10 @@ except ImportError as exc:  # pragma: no cover - depends on the installation
         "pip install 'disklesslog[spark]'"
     ) from exc
 
+from .maintain import maintain
 from .source import DisklessLogDataSource
 
-__all__ = ["DisklessLogDataSource", "register"]
+__all__ = ["DisklessLogDataSource", "maintain", "register"]
 
 
 def register(spark: Any) -> None:

@@ -26,6 +26,7 @@ from disklesslog.errors import (
     ProducerFenced,
     SequencerError,
     StreamNotFound,
+    TransactionError,
 )
 from disklesslog.sequencers import (
     NO_PRODUCER,
@@ -33,7 +34,9 @@ from disklesslog.sequencers import (
     BatchToCommit,
     CommitResult,
     Sequencer,
+    TransactionResult,
 )
+from disklesslog.sequencers.base import TRANSACTION_RETENTION_SECONDS
 from disklesslog.sequencers.memory import MemorySequencer
 from disklesslog.sequencers.sqlite import SqliteSequencer
 from disklesslog.servers.azurite import azure_storage_options
@@ -1094,3 +1097,159 @@ def test_alter_stream_merges_changes_into_the_config(sequencer: Sequencer) -> No
     with pytest.raises(ConfigError):
         sequencer.alter_stream("a", {"retention_ms": object()})
     assert sequencer.stream_info("a").config["retention_ms"] == 10
+
+
+# --------------------------------------------------------------------- transactions
+
+
+def test_transaction_commits_every_object_atomically(sequencer: Sequencer) -> None:
+    make(sequencer, "a", "b")
+    sequencer.commit("before", [batch("a", 2)])
+    result = sequencer.commit_transaction(
+        "job-1",
+        [
+            ("t1", [batch("a", 3), batch("b", 1, position=100)]),
+            ("t2", [batch("b", 2), batch("a", 1, position=100)]),
+        ],
+    )
+    assert result == TransactionResult("job-1", {"a": (2, 6), "b": (0, 3)})
+    assert spans(sequencer, "a") == [(0, 1), (2, 4), (5, 5)]
+    assert spans(sequencer, "b") == [(0, 0), (1, 2)]
+    assert [b.object_key for b in all_batches(sequencer, "a")] == ["before", "t1", "t2"]
+    assert sorted(sequencer.list_objects()) == ["before", "t1", "t2"]
+
+
+def test_repeated_transaction_returns_the_original_ranges(sequencer: Sequencer) -> None:
+    make(sequencer, "a")
+    first = sequencer.commit_transaction("q/7", [("t1", [batch("a", 2)])])
+    before = snapshot(sequencer)
+    again = sequencer.commit_transaction("q/7", [("t1", [batch("a", 2)])])
+    assert again == TransactionResult("q/7", first.ranges, duplicate=True)
+    assert snapshot(sequencer) == before  # nothing stored twice
+
+
+def test_replayed_transaction_orphans_its_new_uploads(
+    sequencer: Sequencer, clock: FakeClock
+) -> None:
+    make(sequencer, "a")
+    sequencer.commit_transaction("q/8", [("t1", [batch("a", 2)])])
+    # A replay re-ran the tasks: new objects, same transaction id.
+    again = sequencer.commit_transaction("q/8", [("t1-retry", [batch("a", 2)]), ("t2", [])])
+    assert again.duplicate and again.ranges == {"a": (0, 2)}
+    assert sequencer.stream_info("a").end_offset == 2
+    clock.advance(10)
+    assert sorted(sequencer.objects_to_delete(5)) == ["t1-retry", "t2"]
+
+
+def test_a_rejected_transaction_changes_nothing(sequencer: Sequencer) -> None:
+    make(sequencer, "a")
+    before = snapshot(sequencer)
+    with pytest.raises(StreamNotFound):
+        sequencer.commit_transaction("bad", [("t1", [batch("a")]), ("t2", [batch("nope")])])
+    assert snapshot(sequencer) == before
+    assert "t1" not in sequencer.list_objects()
+    # The id was not remembered: the transaction can be committed once fixed.
+    make(sequencer, "nope")
+    result = sequencer.commit_transaction("bad", [("t1", [batch("a")]), ("t2", [batch("nope")])])
+    assert not result.duplicate and result.ranges == {"a": (0, 1), "nope": (0, 1)}
+
+
+def test_an_empty_transaction_is_remembered(sequencer: Sequencer) -> None:
+    assert sequencer.commit_transaction("empty", []) == TransactionResult("empty", {})
+    assert sequencer.commit_transaction("empty", []).duplicate
+
+
+@pytest.mark.parametrize(
+    "txn, objects, error",
+    [
+        ("", [], ConfigError),
+        (7, [], ConfigError),
+        ("x" * 1025, [], ConfigError),
+        ("nul\x00", [], ConfigError),
+        ("t", ("k", [batch("a")]), ConfigError),  # a lone pair, not a list of them
+        ("t", "k", ConfigError),
+        ("t", [("", [batch("a")])], ConfigError),
+        ("t", [("k", [batch("a")]), ("k", [batch("a")])], SequencerError),
+        ("t", [("k", [batch("a", producer=(1, 0), seq=0)])], SequencerError),
+        ("t", [("k", [batch("a", 0)])], SequencerError),
+    ],
+    ids=[
+        "empty-id",
+        "int-id",
+        "long-id",
+        "nul-id",
+        "lone-pair",
+        "str-objects",
+        "empty-key",
+        "repeated-key",
+        "producer-batch",
+        "malformed-batch",
+    ],
+)
+def test_bad_transactions_are_refused(
+    sequencer: Sequencer, txn: Any, objects: Any, error: type[Exception]
+) -> None:
+    make(sequencer, "a")
+    before = snapshot(sequencer)
+    with pytest.raises(error):
+        sequencer.commit_transaction(txn, objects)
+    assert snapshot(sequencer) == before
+
+
+def test_transaction_ids_expire_after_the_retention_period(
+    sequencer: Sequencer, clock: FakeClock
+) -> None:
+    make(sequencer, "a")
+    sequencer.commit_transaction("old", [("t1", [batch("a")])])
+    clock.advance(TRANSACTION_RETENTION_SECONDS - 1)
+    assert sequencer.commit_transaction("old", [("t1", [batch("a")])]).duplicate
+    clock.advance(2)
+    again = sequencer.commit_transaction("old", [("t2", [batch("a")])])
+    assert not again.duplicate and again.ranges == {"a": (1, 2)}  # forgotten: stored again
+
+
+def test_only_the_newest_transaction_ids_are_remembered(
+    monkeypatch: pytest.MonkeyPatch, sequencer: Sequencer
+) -> None:
+    # monkeypatch first: it is undone after the object-store replica's replay check
+    for module in ("memory", "sqlite", "postgres"):
+        monkeypatch.setattr(f"disklesslog.sequencers.{module}.TRACKED_TRANSACTIONS", 3)
+    make(sequencer, "a")
+    for i in range(5):
+        sequencer.commit_transaction(f"t{i}", [(f"k{i}", [batch("a")])])
+    assert sequencer.commit_transaction("t4", [("k4", [batch("a")])]).duplicate
+    assert sequencer.commit_transaction("t2", [("k2", [batch("a")])]).duplicate
+    assert not sequencer.commit_transaction("t0", [("k0b", [batch("a")])]).duplicate
+
+
+def test_concurrent_commits_of_one_transaction_apply_it_once(sequencer: Sequencer) -> None:
+    make(sequencer, "a")
+    results: list[TransactionResult] = []
+    errors: list[BaseException] = []
+
+    def commit(i: int) -> None:
+        try:
+            results.append(sequencer.commit_transaction("race", [(f"k{i}", [batch("a", 4)])]))
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=commit, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    assert sorted(r.duplicate for r in results) == [False, True, True, True]
+    assert {tuple(r.ranges["a"]) for r in results} == {(0, 4)}
+    assert sequencer.stream_info("a").end_offset == 4
+
+
+def test_a_transaction_refuses_objects_known_before(sequencer: Sequencer) -> None:
+    make(sequencer, "a")
+    sequencer.commit("committed", [batch("a")])
+    sequencer.record_orphan("aborted")
+    before = snapshot(sequencer)
+    for key in ("committed", "aborted"):
+        with pytest.raises(TransactionError):
+            sequencer.commit_transaction("t", [("fresh", [batch("a")]), (key, [batch("a")])])
+    assert snapshot(sequencer) == before

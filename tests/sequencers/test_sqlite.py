@@ -142,6 +142,23 @@ def test_a_newer_schema_is_refused_untouched(tmp_path: Path) -> None:
     db.close()
 
 
+def test_a_version_1_database_is_migrated_for_transactions(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "meta.db"
+    monkeypatch.setattr("disklesslog.sequencers.sqlite.SCHEMA_VERSION", 1)
+    with SqliteSequencer(path) as seq:  # as the release before transactions wrote it
+        seq.create_stream("a", {})
+        seq.commit("o1", [BatchToCommit("a", 0, 10, 2, 2, 0)])
+    monkeypatch.undo()
+    with SqliteSequencer(path) as seq:
+        result = seq.commit_transaction("t", [("o2", [BatchToCommit("a", 0, 10, 3, 3, 0)])])
+        assert result.ranges == {"a": (2, 5)}
+    with sqlite3.connect(path) as db:
+        assert db.execute("SELECT value FROM meta").fetchall() == [("2",)]
+    db.close()
+
+
 def test_a_foreign_database_is_refused(tmp_path: Path) -> None:
     path = tmp_path / "other.db"
     with sqlite3.connect(path) as db:

@@ -22,13 +22,14 @@ from spark_logs import SparkLog
 @pytest.fixture(scope="session")
 def spark() -> Iterator[Any]:
     """A ``local[2]`` SparkSession: UI and progress bars off, 2 shuffle partitions (the
-    default 200 makes every small groupBy schedule 200 tasks)."""
+    default 200 makes every small groupBy schedule 200 tasks). ``local[2,2]``: a failed
+    task is tried twice, as on a cluster (the write tests fail a first attempt)."""
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
     from pyspark.sql import SparkSession
 
     session = (
-        SparkSession.builder.master("local[2]")
+        SparkSession.builder.master("local[2,2]")
         .appName("disklesslog-tests")
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
