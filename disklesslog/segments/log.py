@@ -51,6 +51,7 @@ from ..errors import (
 )
 from ..format import EncodedBatch, encode_batch_borrowed, encode_record
 from ..maintenance.compaction import DEFAULT_MAX_KEYS, require_compacted
+from ..maintenance.grace import resolve_grace
 from ..maintenance.report import MaintenanceReport, Progress
 from ..maintenance.retention import Unit
 from ..metrics import Metrics
@@ -398,7 +399,7 @@ class SegmentLog(AbstractLog):
             self,
             report,
             dry_run=dry_run,
-            grace_seconds=tiering.DEFAULT_GRACE_SECONDS if grace_seconds is None else grace_seconds,
+            grace_seconds=resolve_grace(grace_seconds),
         )
         return report
 
