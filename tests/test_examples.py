@@ -12,9 +12,18 @@ EXAMPLES = sorted((Path(__file__).resolve().parents[1] / "examples").glob("*.py"
 SPARK_MARKS = (pytest.mark.spark, pytest.mark.slow)  # a JVM of its own: ~40 s
 
 
+MANY_PROCESSES = {"many_processes.py", "multi_writer.py", "serverless_sequencer.py"}
+"""Examples that start several interpreters (about two seconds each): run under slow."""
+
+
 def _param(example: Path) -> object:
-    spark = example.name.startswith("spark_")
-    return pytest.param(example, id=example.name, marks=SPARK_MARKS if spark else ())
+    if example.name.startswith("spark_"):
+        marks: tuple[pytest.MarkDecorator, ...] = SPARK_MARKS
+    elif example.name in MANY_PROCESSES:
+        marks = (pytest.mark.slow,)
+    else:
+        marks = ()
+    return pytest.param(example, id=example.name, marks=marks)
 
 
 def test_there_are_examples() -> None:
