@@ -38,3 +38,37 @@ def test_maintain_runs_every_stream_on_executors(spark: Any, spark_log: Any) -> 
         assert log.stream("kept").start_offset == 0
     with pytest.raises(disklesslog.ConfigError):
         disklesslog.spark.maintain(spark, spark_log.url, streams="a")
+
+
+def test_maintain_compacts_and_merges_on_executors(spark: Any, spark_log: Any) -> None:
+    """A compacted stream keeps the latest record per key once its closed part is
+    compacted on an executor; on object logs, streams spread over many small WAL
+    objects are merged into a few per-stream objects."""
+    later = 10**13  # ms: merging's age rule never makes the newest piece wait
+    latest: dict[bytes, bytes] = {}
+    with spark_log.open() as log:
+        log.create_stream("table", cleanup_policy="compact", segment_bytes=1024)
+        log.create_stream("events", segment_bytes=1024)
+        for round_no in range(30):  # one flush per round: thirty WAL objects on objects
+            with log.writer(linger_ms=60_000) as writer:
+                keys = [b"k%d" % (n % 7) for n in range(round_no, round_no + 10)]
+                values = [b"v%d-%d" % (round_no, n) for n in range(10)]
+                writer.append_batch("table", values, keys=keys)
+                writer.append_batch("events", [b"e%d" % round_no] * 10)
+            latest.update(zip(keys, values, strict=True))
+        objects = spark_log.open_options.get("backend") == "objects"
+        before = log.stream("events").info().details.get("objects")
+    report = disklesslog.spark.maintain(
+        spark, spark_log.url, backend=spark_log.open_options.get("backend"), now_ms=later
+    )
+    assert report.records_removed > 0, report.summary()
+    with spark_log.open() as log:
+        rows = list(log.stream("table").read())
+        assert len(rows) < 300, "nothing was compacted"
+        assert {r.key: r.value for r in rows} == latest, "compaction lost a latest value"
+        assert [r.value for r in log.stream("events").read()] == [
+            b"e%d" % n for n in range(30) for _ in range(10)
+        ]
+        if objects:
+            after = log.stream("events").info().details["objects"]
+            assert before == 30 and after < before, (before, after)
