@@ -12,6 +12,10 @@ Groups (``./dev bench --only NAME``):
                  of one object of 10 batches, and of 16 objects of 10 batches (a Spark
                  job's 16 tasks), beside (A) a plain ``commit`` of one object of 10
                  batches. Rate: batches committed per second.
+``local-txn``    the second phase on a local log (fsync "interval"): committing 16
+                 staged parts of 100 records in each of 10 streams (staged before the
+                 clock starts), beside (A) appending the same records directly, one
+                 ``append_batch`` per stream. Rate: records per second.
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ import disklesslog
 from disklesslog.sequencers import BatchToCommit
 from disklesslog.sequencers.sqlite import SqliteSequencer
 
-GROUP_KEYS = ("spark-write", "txn-commit")
+GROUP_KEYS = ("spark-write", "txn-commit", "local-txn")
 VALUE_SIZE = 100
 PARTITIONS = 4
 TXN_BATCHES = 10
@@ -237,5 +241,79 @@ def txn_commit_group(plan: PlanLike) -> MeasuredGroup:
     )
 
 
+# -------------------------------------------------------------------- local-txn
+
+LOCAL_RECORDS = 100
+"""Records per stream in one staged part (a task's share of a stream)."""
+
+
+def _local_log(work: Path) -> disklesslog.Log:
+    return disklesslog.open(str(work / f"log-{uuid.uuid4().hex}"), fsync="interval")
+
+
+@contextmanager
+def local_appends(work: Path, _shared: Any, *, commits: int) -> Iterator[Callable[[], None]]:
+    log = _local_log(work)
+    values = [b"v" * VALUE_SIZE] * (LOCAL_RECORDS * TXN_TASKS)
+
+    def run() -> None:
+        for _ in range(commits):
+            for i in range(TXN_BATCHES):
+                log.stream(f"s{i}").append_batch(values)
+
+    try:
+        yield run
+    finally:
+        log.close()
+
+
+@contextmanager
+def local_commits(work: Path, _shared: Any, *, commits: int) -> Iterator[Callable[[], None]]:
+    log = _local_log(work)
+    values = [b"v" * VALUE_SIZE] * LOCAL_RECORDS
+    staged = []
+    for _ in range(commits):  # phase one, as the executors would: not timed
+        parts = []
+        for _ in range(TXN_TASKS):
+            stager = log.stager()
+            for i in range(TXN_BATCHES):
+                stager.append_batch(f"s{i}", values)
+            parts.append(stager.finish())
+        staged.append(parts)
+
+    def run() -> None:
+        for parts in staged:
+            log.commit_transaction(uuid.uuid4().hex, parts)
+
+    try:
+        yield run
+    finally:
+        log.close()
+
+
+def local_txn_group(plan: PlanLike) -> MeasuredGroup:
+    commits = plan.n(40, 8)
+    records = commits * TXN_TASKS * TXN_BATCHES * LOCAL_RECORDS
+    direct = "append_batch per stream"
+    return MeasuredGroup(
+        key="local-txn",
+        title=f"local log: {commits} transactions of {TXN_TASKS} parts x {TXN_BATCHES} "
+        f"streams x {LOCAL_RECORDS} records of {VALUE_SIZE} bytes",
+        unit="records",
+        note="rate: records made visible per second; the transactions' parts are staged "
+        "before the clock starts (phase one runs on the executors)",
+        variants=[
+            Variant(direct, "baseline", partial(local_appends, commits=commits), records, tag="A"),
+            Variant(
+                "commit_transaction",
+                "subject",
+                partial(local_commits, commits=commits),
+                records,
+                vs=direct,
+            ),
+        ],
+    )
+
+
 def spark_write_groups(plan: PlanLike) -> list[MeasuredGroup]:
-    return [spark_write_group(plan), txn_commit_group(plan)]
+    return [spark_write_group(plan), txn_commit_group(plan), local_txn_group(plan)]

@@ -403,6 +403,12 @@ def _describe_log(args: argparse.Namespace) -> int:
         + [["", *total[1:], total[0]]],
     )
     print("\n".join(lines) if rows else "no streams")
+    held = [info.name for info in infos if info.details.get("pending_transactions")]
+    if held:
+        print(
+            f"held back by a two-phase commit in progress or interrupted: {', '.join(held)} "
+            "(`describe URL STREAM` shows it; docs/operations.md, section 7)"
+        )
     return EXIT_OK
 
 

@@ -151,6 +151,10 @@ class SegmentLog(AbstractLog):
                 daemon=True,
             )
             self._syncer.start()
+        self._held = functools.partial(
+            transactions.held_offset, transactions.pending_directory(root)
+        )
+        transactions.recover(self)  # commits whose committer died: finished now
 
     @property
     def stream_defaults(self) -> StreamConfig:
@@ -322,9 +326,9 @@ class SegmentLog(AbstractLog):
         self, transaction_id: str, parts: Iterable[StagedPart]
     ) -> TransactionResult:
         """Appends every part's batches stream by stream (name order), each stream's all
-        at once; exactly once, and rolled forward by a retry after a crash. Not atomic
-        across streams: see :mod:`disklesslog.segments.transactions` for what a crash
-        mid-commit leaves visible."""
+        at once, holding them back from readers until every stream has them: all or
+        nothing, exactly once, and rolled forward after a crash by the next commit or
+        open of this log (see :mod:`disklesslog.segments.transactions`)."""
         self._check_open()
         return transactions.commit_transaction(self, transaction_id, parts)
 
@@ -564,7 +568,9 @@ class SegmentLog(AbstractLog):
                 raise StreamNotFound(f"stream {name!r} does not exist in {self.url}")
             self._create_directory(name, self._defaults)
         config = self._read_config(name)
-        store = StreamStore(self._stream_dir(name), name, config, self._fsync, self._metrics)
+        store = StreamStore(
+            self._stream_dir(name), name, config, self._fsync, self._metrics, hold=self._held
+        )
         with self._lock:
             if self._closed:
                 store.close()
@@ -744,6 +750,14 @@ class SegmentStream(Stream):
             size_bytes = sum(size for _, size in snap.segments)
             details: dict[str, Any] = {"segments": segments, "directory": str(store.directory)}
             start = snap.start_offset
+            held = {
+                txn["id"]: txn["streams"][self._name]
+                for txn in transactions.pending_transactions(self._log.path)
+                if self._name in txn["streams"]
+            }
+            if held:  # a commit in progress or interrupted holds the tail back
+                details["pending_transactions"] = held
+                details["unstable_end_offset"] = store.snapshot(raw=True).end_offset
             manifest = self._log._manifests.get(store.directory)
             if manifest is not None:
                 tiered = self._log._tiered_reader()

@@ -37,13 +37,19 @@ class _Stale(Exception):
 
 
 def read_batches(
-    store: StreamStore, start: int | None, end: int | None, max_records: int | None
+    store: StreamStore,
+    start: int | None,
+    end: int | None,
+    max_records: int | None,
+    *,
+    raw: bool = False,
 ) -> Iterator[RecordBatch]:
     """Batches covering ``[start, end)`` of the stream, clipped to the requested range.
 
-    Checks the range now (raising :class:`OffsetOutOfRange`) and reads lazily.
+    Checks the range now (raising :class:`OffsetOutOfRange`) and reads lazily. Only
+    the stable part of the stream is read, unless ``raw`` (see :meth:`StreamStore.snapshot`).
     """
-    snap = store.snapshot()
+    snap = store.snapshot(raw=raw)
     lo = snap.start_offset if start is None else start
     if not snap.start_offset <= lo <= snap.end_offset:
         raise OffsetOutOfRange(
@@ -53,11 +59,11 @@ def read_batches(
             end_offset=snap.end_offset,
         )
     hi = snap.end_offset if end is None else min(end, snap.end_offset)
-    return _read(store, snap, lo, hi, max_records)
+    return _read(store, snap, lo, hi, max_records, raw)
 
 
 def _read(
-    store: StreamStore, snap: Snapshot, lo: int, hi: int, remaining: int | None
+    store: StreamStore, snap: Snapshot, lo: int, hi: int, remaining: int | None, raw: bool
 ) -> Iterator[RecordBatch]:
     stale = 0
     while True:
@@ -88,7 +94,7 @@ def _read(
             return
         except _Stale as exc:
             stale += 1
-            snap = _fresh_snapshot(store, stale, str(exc))
+            snap = _fresh_snapshot(store, stale, str(exc), raw=raw)
             if lo < snap.start_offset:
                 raise OffsetOutOfRange(
                     f"offset {lo} of {store.name!r} was trimmed while reading",
@@ -115,7 +121,7 @@ def _check_end(
         )
 
 
-def _fresh_snapshot(store: StreamStore, attempts: int, path: str) -> Snapshot:
+def _fresh_snapshot(store: StreamStore, attempts: int, path: str, *, raw: bool) -> Snapshot:
     """The snapshot a read continues with after it found the segment file at ``path``
     replaced or gone (``attempts`` times in a row)."""
     if attempts > _MAX_STALE:
@@ -124,7 +130,7 @@ def _fresh_snapshot(store: StreamStore, attempts: int, path: str) -> Snapshot:
             "is something other than disklesslog modifying the stream directory?",
             source=path,
         )
-    return store.snapshot(fresh=True)
+    return store.snapshot(fresh=True, raw=raw)
 
 
 def offset_for_time(store: StreamStore, timestamp: int) -> int | None:
@@ -139,7 +145,7 @@ def offset_for_time(store: StreamStore, timestamp: int) -> int | None:
         try:
             return _offset_for_time(store, snap, timestamp)
         except _Stale as exc:
-            snap = _fresh_snapshot(store, attempt, str(exc))
+            snap = _fresh_snapshot(store, attempt, str(exc), raw=False)
     raise AssertionError("unreachable: _fresh_snapshot gives up first")
 
 
@@ -149,7 +155,9 @@ def _offset_for_time(store: StreamStore, snap: Snapshot, timestamp: int) -> int 
             continue
         hint = seg.timeindex.below(timestamp)
         lo = max(snap.start_offset, seg.base + hint[1] if hint else seg.base)
-        for _, _, header, batch in _entries(store, seg, lo, end_pos):
+        for _, base, header, batch in _entries(store, seg, lo, end_pos):
+            if base >= snap.end_offset:  # held back by a commit in progress
+                return None
             if batch is None or header.max_timestamp < timestamp:
                 continue
             for offset, ts in zip(batch.offsets, batch.timestamps):

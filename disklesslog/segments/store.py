@@ -92,9 +92,19 @@ class StreamStore:
     """One stream's files as this process sees them. Thread-safe."""
 
     def __init__(
-        self, directory: Path, name: str, config: StreamConfig, fsync: str, metrics: Metrics
+        self,
+        directory: Path,
+        name: str,
+        config: StreamConfig,
+        fsync: str,
+        metrics: Metrics,
+        *,
+        hold: Callable[[str], int | None] | None = None,
     ) -> None:
         self.name = name
+        # The lowest offset a two-phase commit in progress holds back from readers (see
+        # segments/transactions.py), asked after the end offset is read.
+        self._hold = hold
         self.metrics = metrics
         # Append counters, updated under the mutex (cheaper than Metrics on this path).
         self.appended_batches = 0
@@ -750,11 +760,14 @@ class StreamStore:
 
     # ---------------------------------------------------------------- reading
 
-    def snapshot(self, *, fresh: bool = False) -> Snapshot:
+    def snapshot(self, *, fresh: bool = False, raw: bool = False) -> Snapshot:
         """The current extent and segments, after catching up with other processes.
 
         ``fresh`` (for a reader that found a segment file replaced or gone) re-lists
-        the directory under the lock and checks every known segment's file.
+        the directory under the lock and checks every known segment's file. The end
+        offset is the stable one: records a two-phase commit in progress appended (and
+        any after them) are left out, with the segments that start at or past it,
+        unless ``raw`` (for the commit itself, which checks what it appended).
         """
         with self._mutex:
             self._check_open()
@@ -765,7 +778,12 @@ class StreamStore:
             else:
                 self._refresh_unlocked()
             segments = [(seg, seg.size) for seg in self._segments]
-            return Snapshot(self._state.start_offset, self._active.end_offset, segments)
+            start, end = self._state.start_offset, self._active.end_offset
+        held = None if raw or self._hold is None else self._hold(self.name)
+        if held is not None and held < end:
+            end = max(held, start)
+            segments = segments[:1] + [s for s in segments[1:] if s[0].base < end]
+        return Snapshot(start, end, segments)
 
     def ensure_indexes(self, seg: Segment) -> None:
         """Load a closed segment's indexes; a rebuild runs under the stream lock."""

@@ -1,36 +1,45 @@
-"""Two-phase commits on local logs: staged files, appended stream by stream, rolled forward.
+"""Two-phase commits on local logs: staged files, appended stream by stream, shown at once.
 
 ::
 
-    <log>/staged/<ns>-<hex>.staged        a stager's batches (sorted by stream), fsynced
-    <log>/transactions/.lock              flock'ed while a transaction commits
-    <log>/transactions/<h>.progress.json  which streams it appended so far (while committing)
-    <log>/transactions/<h>.json           {"id", "committed_at", "ranges"} once committed
+    <log>/staged/<ns>-<hex>.staged          a stager's batches (sorted by stream), fsynced
+    <log>/transactions/.lock                flock'ed while a transaction commits
+    <log>/transactions/pending/<h>.parts    the parts of a commit in progress (written once)
+    <log>/transactions/pending/<h>.json     its notes: per stream, the offset its batches
+                                            will get (before the append) or got (after)
+    <log>/transactions/<h>.json             {"id", "committed_at", "ranges"} once committed
 
-``<h>`` is the SHA-256 of the transaction id. Each stream has its own lock and files;
-there is no log-wide commit point a reader consults, so a commit cannot become visible
-in every stream at one instant. What it guarantees instead:
+``<h>`` is the SHA-256 of the transaction id. Each stream has its own lock and files,
+so a commit appends stream by stream (in name order, each stream's batches with one
+locked ``writev``). What makes the commit all or nothing anyway is the notes file,
+which readers consult:
 
-* **Per stream, all or nothing**: a stream's batches of the transaction are appended
-  with one locked ``writev`` (:meth:`StreamStore.append`), contiguous.
-* **Exactly once, rolled forward**: streams are appended in name order. Under each
-  stream's lock, before writing, the offset its batches will get is noted in the
-  progress file (fsynced); after the append, its range is. A commit interrupted by a
-  crash is finished by the next commit of the same id: streams with a range are
-  skipped; the stream that was being appended is checked at the noted offset (are the
-  records there the staged ones?) and appended only if they are not.
-* **What a crash mid-commit leaves**: until that retry, readers see the transaction's
-  records in the streams before the interrupted one (in name order) and not in the
-  others. The staged files stay until the commit finishes, so the retry has the data
-  (an abort leaves the files an interrupted commit lists alone). A retry may bring new
-  parts with the same records (a replayed Spark micro-batch): the streams already
-  appended are skipped, the others appended from the new parts, and both sets of files
-  are deleted at the end.
+* **Held back until the commit point** (Kafka's last stable offset). Under a stream's
+  lock, before its batches are written, the offset they will get is noted in the notes
+  file (written whole, by rename). A reader takes the stream's end offset first and
+  reads the notes files after; a stream with a note is read only up to the noted
+  offset. The commit point is the unlink of the notes file, after every stream is
+  appended and the transaction record is written: from then on every stream shows the
+  transaction's records, and before it none does. (The same holds back records other
+  writers append after the noted offset meanwhile: a commit keeps them waiting, as an
+  open Kafka transaction does.)
+* **Rolled forward after a crash.** The parts file and the staged files are durable
+  before any stream is touched, so an interrupted commit can always be finished:
+  :func:`recover` does it when a log is opened and by garbage collection, and every
+  commit finishes interrupted ones first. Streams noted with a range are skipped; the
+  stream that was being appended is checked at the noted offset (are the records there
+  the staged ones?) and appended only if they are not. A retry of the same id after
+  that finds the record and stores nothing.
+* **A commit that cannot be finished** (its staged file was deleted by hand or is
+  corrupt) keeps its streams held back at the noted offsets and is retried at every
+  chance, with a warning naming it. Deleting its notes file releases the hold, with
+  what it appended so far visible: the operator's decision, see docs/operations.md.
 
-An abort deletes the staged files. Staged files of a committer that died without a
-retry are deleted by :meth:`SegmentLog.collect_garbage` once ``STAGED_UNKNOWN_MIN_AGE``
-(24 h) old. Transaction records are kept :data:`TRANSACTION_RETENTION_SECONDS` (7 days)
-and at most :data:`TRACKED_TRANSACTIONS` (the newest), like the sequencers' ids.
+An abort deletes the staged files (except those of a commit in progress, which its
+roll-forward needs). Staged files of a committer that died without a retry are deleted
+by :meth:`SegmentLog.collect_garbage` once ``STAGED_UNKNOWN_MIN_AGE`` (24 h) old.
+Transaction records are kept :data:`TRANSACTION_RETENTION_SECONDS` (7 days) and at
+most :data:`TRACKED_TRANSACTIONS` (the newest), like the sequencers' ids.
 """
 
 from __future__ import annotations
@@ -39,6 +48,7 @@ import contextlib
 import fcntl
 import hashlib
 import json
+import logging
 import os
 import secrets
 import time
@@ -48,11 +58,18 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..config import StreamConfig
-from ..errors import CorruptDataError, OffsetOutOfRange, StreamNotFound, TransactionError
+from ..errors import (
+    CorruptDataError,
+    DisklessLogError,
+    OffsetOutOfRange,
+    StreamNotFound,
+    TransactionError,
+)
 from ..format import HEADER_SIZE, EncodedBatch, check_batch, decode_batch
 from ..sequencers.base import (
     TRACKED_TRANSACTIONS,
     TRANSACTION_RETENTION_SECONDS,
+    BatchToCommit,
     TransactionResult,
 )
 from ..sequencers.common import check_transaction_id
@@ -64,6 +81,7 @@ from ..transactions import (
     Stager,
     check_parts,
 )
+from . import reader
 from .layout import TMP, fsync_directory
 
 if TYPE_CHECKING:
@@ -72,17 +90,27 @@ if TYPE_CHECKING:
     from .store import StreamStore
 
 __all__ = [
+    "PENDING",
     "STAGED",
     "TRANSACTIONS",
     "SegmentStager",
     "abort_transaction",
     "collect_staged",
     "commit_transaction",
+    "held_offset",
+    "pending_directory",
+    "pending_transactions",
+    "recover",
 ]
+
+logger = logging.getLogger("disklesslog")
 
 STAGED = "staged"
 TRANSACTIONS = "transactions"
+PENDING = "pending"
 _SUFFIX = ".staged"
+_NOTES = ".json"
+_PARTS = ".parts"
 
 
 class SegmentStager(Stager):
@@ -100,12 +128,15 @@ class SegmentStager(Stager):
         directory = self._log.path / STAGED
         directory.mkdir(exist_ok=True)
         name = f"{time.time_ns():020d}-{secrets.token_hex(8)}{_SUFFIX}"
-        _write_durably(directory / name, data, self._sync)
+        _write_durably(self._log.path, directory / name, data, self._sync)
         return f"{STAGED}/{name}"
 
     @property
     def _sync(self) -> bool:
         return self._log._fsync != "never"
+
+
+# ----------------------------------------------------------------- committing
 
 
 def commit_transaction(
@@ -114,21 +145,18 @@ def commit_transaction(
     """See the module docstring."""
     txn = check_transaction_id(transaction_id)
     objects = check_parts(log.url, parts)
-    sync = log._fsync != "never"
     for obj in objects:
         _staged_path(log, obj.key)  # refuses keys that are not staged files of this log
     directory = log.path / TRANSACTIONS
     directory.mkdir(exist_ok=True)
-    name = hashlib.sha256(txn.encode()).hexdigest()
-    record = directory / f"{name}.json"
-    progress_path = directory / f"{name}.progress.json"
+    name = _digest(txn)
     with _flock(directory / ".lock"):  # commits of one log take turns (one machine)
         _forget_transactions(directory)
-        if record.exists():
-            done = json.loads(record.read_text())
-            _delete_staged(log, objects)  # a replay's new files: never committed
-            ranges = {s: (int(a), int(b)) for s, (a, b) in done["ranges"].items()}
-            return TransactionResult(txn, ranges, duplicate=True)
+        finished = _finish_interrupted(log, current=name)
+        done = _load_record(directory / f"{name}.json")
+        if done is not None:
+            _delete_staged(log, objects)  # a retry's new files: never committed
+            return TransactionResult(txn, done, duplicate=name not in finished)
         now_ns = time.time_ns()
         for obj in objects:
             born = int(Path(obj.key).name.split("-", 1)[0])
@@ -137,84 +165,250 @@ def commit_transaction(
                     f"staged file {obj.key} is older than {STAGED_MAX_AGE / 3600:g} hours: "
                     "garbage collection may have deleted it. Stage the data again"
                 )
-        # The first attempt's notes: its staged files (kept for a retry, even from an
-        # abort) and, per stream, the offset noted before its append or its range after.
-        progress: dict[str, Any] = {"keys": [obj.key for obj in objects], "streams": {}}
-        if progress_path.exists():
-            progress = json.loads(progress_path.read_text())
-        notes: dict[str, Any] = progress["streams"]
+        per_stream = _batches_by_stream(log, objects)  # checked before anything is noted
+        sync = log._fsync != "never"
+        pending = directory / PENDING
+        pending.mkdir(exist_ok=True)
+        if sync:
+            fsync_directory(directory)
+        _write_durably(log.path, pending / f"{name}{_PARTS}", _dump_parts(objects), sync)
+        notes: dict[str, Any] = {"id": txn, "streams": {}}
+        _write_durably(log.path, pending / f"{name}{_NOTES}", _dump(notes), sync)
+        try:
+            return _apply(log, name, notes, objects, per_stream)
+        except BaseException as exc:
+            if hasattr(exc, "add_note"):  # Python 3.11+
+                exc.add_note(
+                    f"transaction {txn!r} began committing before this error: readers see "
+                    "none of it until it is finished, which the next commit (a retry of "
+                    "the same id returns its offsets), open or gc of this log does"
+                )
+            raise
 
-        def save() -> None:
-            _write_durably(progress_path, json.dumps(progress).encode(), sync)
 
-        per_stream = _batches_by_stream(log, objects)
-        save()
-        for stream in sorted(per_stream):
-            note = notes.get(stream, {})
-            if "range" in note:
-                continue
-            batches = per_stream[stream]
-            span = sum(b.span for b in batches)
-            if "base" in note and _landed(log, stream, note["base"], batches):
-                notes[stream] = {"range": [note["base"], note["base"] + span]}
-                save()
-                continue
+def _apply(
+    log: SegmentLog,
+    name: str,
+    notes: dict[str, Any],
+    objects: list[StagedObject],
+    per_stream: dict[str, list[EncodedBatch]],
+) -> TransactionResult:
+    """Append what the notes do not show appended yet, write the record, then unlink
+    the notes file (the commit point) and the rest. Runs under the transactions lock."""
+    directory = log.path / TRANSACTIONS
+    notes_path = directory / PENDING / f"{name}{_NOTES}"
+    sync = log._fsync != "never"
+    streams: dict[str, Any] = notes["streams"]
 
-            def before(base: int, stream: str = stream) -> None:
-                notes[stream] = {"base": base}
-                save()
+    def save(durable: bool) -> None:
+        _write_durably(log.path, notes_path, _dump(notes), sync and durable)
 
-            def append(store: StreamStore, batches: list[EncodedBatch] = batches) -> list[int]:
-                return store.append(batches, before=before)
+    for stream in sorted(per_stream):
+        note = streams.get(stream, {})
+        if "range" in note:
+            continue
+        batches = per_stream[stream]
+        span = sum(b.span for b in batches)
+        if "base" in note and _landed(log, stream, note["base"], batches):
+            streams[stream] = {"range": [note["base"], note["base"] + span]}
+            save(durable=False)
+            continue
 
-            bases = log._with_store(stream, append, create=True)
-            notes[stream] = {"range": [bases[0], bases[0] + span]}
-            save()
-        ranges = {s: (int(n["range"][0]), int(n["range"][1])) for s, n in sorted(notes.items())}
-        body = {"id": txn, "committed_at": time.time(), "ranges": ranges}
-        _write_durably(record, json.dumps(body).encode(), sync)
-        with contextlib.suppress(FileNotFoundError):
-            progress_path.unlink()
-        _delete_staged(log, objects)
-        _delete_keys(log, progress["keys"])  # a first attempt's parts, if they differed
-        return TransactionResult(txn, ranges)
+        def before(base: int, stream: str = stream) -> None:
+            streams[stream] = {"base": base}
+            save(durable=True)  # on disk and seen by readers before the stream changes
+
+        def append(store: StreamStore, batches: list[EncodedBatch] = batches) -> list[int]:
+            return store.append(batches, before=before)
+
+        bases = log._with_store(stream, append, create=True)
+        streams[stream] = {"range": [bases[0], bases[0] + span]}
+        save(durable=False)  # a shortcut for a roll-forward, which can also check _landed
+    ranges = {s: (int(n["range"][0]), int(n["range"][1])) for s, n in sorted(streams.items())}
+    body = {"id": notes["id"], "committed_at": time.time(), "ranges": ranges}
+    _write_durably(log.path, directory / f"{name}.json", _dump(body), sync)
+    notes_path.unlink()  # the commit point: every stream shows the records from now on
+    if sync:
+        fsync_directory(notes_path.parent)
+    _forget_pending(log, name, objects)
+    return TransactionResult(notes["id"], ranges)
+
+
+def recover(log: SegmentLog) -> None:
+    """Finish the commits of this log whose committer died, unless a commit is running
+    (its committer finishes them first). For a log being opened, and for gc."""
+    directory = log.path / TRANSACTIONS
+    try:
+        with os.scandir(directory / PENDING) as entries:
+            if next(entries, None) is None:
+                return
+        fd = os.open(directory / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
+    except FileNotFoundError:
+        return
+    except OSError as exc:  # a reader without write access: the next committer finishes
+        _warn(log, f"cannot finish interrupted transactions ({exc})")
+        return
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return
+        _finish_interrupted(log, current=None)
+    finally:
+        os.close(fd)
+
+
+def _finish_interrupted(log: SegmentLog, *, current: str | None) -> set[str]:
+    """Roll forward every commit left pending (the caller holds the lock, so their
+    committers are gone); return the names finished. A commit that cannot be finished
+    is logged and left holding its streams back, unless it is ``current`` (the id
+    being committed again), whose error is the caller's."""
+    pending = log.path / TRANSACTIONS / PENDING
+    finished: set[str] = set()
+    try:
+        names = sorted(os.listdir(pending))
+    except FileNotFoundError:
+        return finished
+    for entry in names:
+        name, _, suffix = entry.partition(".")
+        if f".{suffix}" == _PARTS and f"{name}{_NOTES}" not in names:
+            # Written by a committer that died before it noted anything (or after its
+            # commit point): nothing of it is visible; its retry starts afresh.
+            done = _load_record(log.path / TRANSACTIONS / f"{name}.json") is not None
+            _forget_pending(log, name, _load_parts(pending / entry) if done else [])
+            continue
+        if f".{suffix}" != _NOTES:
+            continue
+        try:
+            notes = json.loads((pending / entry).read_bytes())
+            objects = _load_parts(pending / f"{name}{_PARTS}")
+            _apply(log, name, notes, objects, _batches_by_stream(log, objects))
+        except (DisklessLogError, OSError, ValueError, KeyError) as exc:
+            if name == current:
+                raise
+            _warn(
+                log,
+                f"an interrupted commit ({pending / entry}) cannot be finished: {exc}. Its "
+                "streams stay held back at the offsets it noted; see docs/operations.md",
+            )
+            continue
+        finished.add(name)
+    return finished
+
+
+def _forget_pending(log: SegmentLog, name: str, objects: list[StagedObject]) -> None:
+    """Clean up after a commit point: the parts file, the pending directory if that
+    leaves it empty (readers then pay one failed access()), then the staged files."""
+    pending = log.path / TRANSACTIONS / PENDING
+    with contextlib.suppress(FileNotFoundError):
+        (pending / f"{name}{_PARTS}").unlink()
+    with contextlib.suppress(OSError):  # not empty: another commit is pending
+        pending.rmdir()
+    _delete_staged(log, objects)
 
 
 def abort_transaction(log: SegmentLog, parts: Iterable[StagedPart]) -> None:
     """Delete the parts' staged files: nothing of them was or will be visible. Files of a
-    commit that was interrupted mid-way are kept (some streams may hold their records
-    already): a retry of that transaction needs them to finish it."""
+    commit in progress or interrupted are kept: its roll-forward needs them."""
     objects = check_parts(log.url, parts)
     for obj in objects:
         _staged_path(log, obj.key)
-    pending: set[str] = set()
     directory = log.path / TRANSACTIONS
-    if directory.exists():
-        with _flock(directory / ".lock"):
-            for path in directory.glob("*.progress.json"):
-                with contextlib.suppress(FileNotFoundError):
-                    pending.update(json.loads(path.read_text())["keys"])
-            _delete_staged(log, [obj for obj in objects if obj.key not in pending])
+    if not directory.exists():
+        _delete_staged(log, objects)
         return
-    _delete_staged(log, objects)
+    with _flock(directory / ".lock"):
+        pending = _pending_keys(log)
+        _delete_staged(log, [obj for obj in objects if obj.key not in pending])
+
+
+# ----------------------------------------------------------------- readers
+
+
+def pending_directory(root: Path) -> str:
+    """Where the notes of commits in progress are: a directory that exists only while
+    one is (or was interrupted), so the check readers make costs one failed access()."""
+    return str(root / TRANSACTIONS / PENDING)
+
+
+def held_offset(pending: str, stream: str) -> int | None:
+    """The lowest offset of ``stream`` that a commit in progress noted, or None: a
+    reader shows the stream only below it. ``pending`` is :func:`pending_directory`.
+    Call it *after* taking the stream's end offset (a note is written before its
+    append, and unlinked only at the commit point, so an end offset that includes the
+    append is always met by the note)."""
+    if not os.access(pending, os.F_OK):  # the hot path: no exception, one syscall
+        return None
+    try:
+        names = os.listdir(pending)
+    except FileNotFoundError:
+        return None
+    held = None
+    for entry in names:
+        if not entry.endswith(_NOTES):
+            continue
+        path = os.path.join(pending, entry)
+        try:
+            with open(path, "rb") as f:
+                data = f.read()
+        except FileNotFoundError:  # its commit point passed meanwhile
+            continue
+        try:
+            note = json.loads(data)["streams"].get(stream)
+        except (ValueError, KeyError, AttributeError):
+            raise CorruptDataError(
+                "a transaction's notes file is not valid JSON", source=path
+            ) from None
+        if note is None:
+            continue
+        base = int(note["range"][0] if "range" in note else note["base"])
+        held = base if held is None else min(held, base)
+    return held
+
+
+def pending_transactions(root: Path) -> list[dict[str, Any]]:
+    """The commits in progress or interrupted: ``{"id", "streams", "since"}`` each,
+    ``streams`` mapping a stream to the offset it is held back at."""
+    pending = root / TRANSACTIONS / PENDING
+    found = []
+    try:
+        names = sorted(os.listdir(pending))
+    except FileNotFoundError:
+        return []
+    for entry in names:
+        if not entry.endswith(_NOTES):
+            continue
+        with contextlib.suppress(FileNotFoundError, ValueError, KeyError):
+            path = pending / entry
+            notes = json.loads(path.read_bytes())
+            held = {
+                s: int(n["range"][0] if "range" in n else n["base"])
+                for s, n in notes["streams"].items()
+            }
+            found.append({"id": notes["id"], "streams": held, "since": path.stat().st_ctime})
+    return found
 
 
 def collect_staged(
     log: SegmentLog, report: MaintenanceReport, *, dry_run: bool, grace_seconds: float
 ) -> None:
     """Delete staged files older than ``max(grace_seconds, STAGED_UNKNOWN_MIN_AGE)``:
-    parts whose committer died before committing or aborting them."""
+    parts whose committer died before committing or aborting them (not those of an
+    interrupted commit, which its roll-forward needs)."""
     directory = log.path / STAGED
     if not directory.exists():
         return
+    if not dry_run:
+        recover(log)
     floor = max(grace_seconds, STAGED_UNKNOWN_MIN_AGE)
     now_ns = time.time_ns()
+    keep = _pending_keys(log)
     deleted = 0
     for entry in sorted(os.scandir(directory), key=lambda e: e.name):
         head = entry.name.split("-", 1)[0]
         if not (entry.name.endswith(_SUFFIX) and head.isdigit()):
             continue
-        if now_ns - int(head) < floor * 1e9:
+        if now_ns - int(head) < floor * 1e9 or f"{STAGED}/{entry.name}" in keep:
             continue
         try:
             size = entry.stat().st_size
@@ -231,6 +425,73 @@ def collect_staged(
 
 
 # ----------------------------------------------------------------------- helpers
+
+
+def _warn(log: SegmentLog, message: str) -> None:
+    logger.warning("%s: %s", log.url, message)
+
+
+def _digest(transaction_id: str) -> str:
+    return hashlib.sha256(transaction_id.encode()).hexdigest()
+
+
+def _dump(body: Any) -> bytes:
+    return json.dumps(body, separators=(",", ":")).encode()
+
+
+def _dump_parts(objects: list[StagedObject]) -> bytes:
+    return _dump(
+        [
+            {
+                "key": obj.key,
+                "batches": [
+                    [b.stream, b.position, b.size, b.span, b.record_count, b.max_timestamp]
+                    for b in obj.batches
+                ],
+            }
+            for obj in objects
+        ]
+    )
+
+
+def _load_parts(path: Path) -> list[StagedObject]:
+    return [
+        StagedObject(
+            obj["key"],
+            tuple(
+                BatchToCommit(
+                    stream=s,
+                    position=p,
+                    size=n,
+                    span=span,
+                    record_count=count,
+                    max_timestamp=ts,
+                )
+                for s, p, n, span, count, ts in obj["batches"]
+            ),
+        )
+        for obj in json.loads(path.read_bytes())
+    ]
+
+
+def _pending_keys(log: SegmentLog) -> set[str]:
+    """Staged keys the parts files of pending commits name (call under the lock)."""
+    keys: set[str] = set()
+    pending = log.path / TRANSACTIONS / PENDING
+    with contextlib.suppress(FileNotFoundError):
+        for entry in os.listdir(pending):
+            if entry.endswith(_PARTS):
+                with contextlib.suppress(FileNotFoundError):
+                    keys.update(obj.key for obj in _load_parts(pending / entry))
+    return keys
+
+
+def _load_record(path: Path) -> dict[str, tuple[int, int]] | None:
+    try:
+        done = json.loads(path.read_bytes())
+    except FileNotFoundError:
+        return None
+    return {s: (int(a), int(b)) for s, (a, b) in done["ranges"].items()}
 
 
 def _staged_path(log: SegmentLog, key: str) -> Path:
@@ -276,15 +537,20 @@ def _batches_by_stream(
 def _landed(log: SegmentLog, stream: str, base: int, batches: list[EncodedBatch]) -> bool:
     """Whether the records at ``base`` of ``stream`` are these staged batches' (the
     append a crash interrupted did happen). Compared record by record: same values,
-    keys, timestamps and headers at the offsets the append would have given them."""
+    keys, timestamps and headers at the offsets the append would have given them. Reads
+    the stream raw: the commit's own note holds those offsets back from readers."""
     end = base + sum(b.span for b in batches)
+
+    def stored(store: StreamStore) -> list[Any]:
+        if store.snapshot(raw=True).end_offset < end:
+            return []
+        batches = reader.read_batches(store, base, end, None, raw=True)
+        return [(r.timestamp, r.key, r.value, r.headers) for b in batches for r in b.records()]
+
     try:
-        if log.stream(stream).end_offset < end:
-            return False
-        stored = list(log.stream(stream).read_batches(base, end))
+        got = log._with_store(stream, stored, create=False)
     except (StreamNotFound, OffsetOutOfRange):  # deleted, or trimmed past it since
         return False
-    got = [(r.timestamp, r.key, r.value, r.headers) for batch in stored for r in batch.records()]
     want = [
         (r.timestamp, r.key, r.value, r.headers)
         for b in batches
@@ -294,13 +560,9 @@ def _landed(log: SegmentLog, stream: str, base: int, batches: list[EncodedBatch]
 
 
 def _delete_staged(log: SegmentLog, objects: list[StagedObject]) -> None:
-    _delete_keys(log, [obj.key for obj in objects])
-
-
-def _delete_keys(log: SegmentLog, keys: Iterable[str]) -> None:
-    for key in keys:
+    for obj in objects:
         with contextlib.suppress(FileNotFoundError):
-            _staged_path(log, key).unlink()
+            _staged_path(log, obj.key).unlink()
 
 
 def _forget_transactions(directory: Path) -> None:
@@ -308,7 +570,7 @@ def _forget_transactions(directory: Path) -> None:
     records = []
     cutoff = time.time() - TRANSACTION_RETENTION_SECONDS
     for entry in os.scandir(directory):
-        if entry.name.endswith(".json") and not entry.name.endswith(".progress.json"):
+        if entry.name.endswith(".json") and entry.is_file():
             with contextlib.suppress(FileNotFoundError):
                 records.append((entry.stat().st_mtime, entry.path))
     records.sort()
@@ -329,10 +591,11 @@ def _flock(path: Path) -> Iterator[None]:
         os.close(fd)
 
 
-def _write_durably(path: Path, data: bytes, sync: bool) -> None:
+def _write_durably(root: Path, path: Path, data: bytes, sync: bool) -> None:
     """Write ``path`` whole through a temporary file and a rename (readers and a retry
-    after a crash see the old or the new content, never a torn one)."""
-    draft = path.parent.parent / TMP / f"{path.name}.{uuid.uuid4().hex}.tmp"  # <log>/tmp
+    after a crash see the old or the new content, never a torn one); the draft goes
+    in ``root``'s ``tmp/``, which opening the log cleans."""
+    draft = root / TMP / f"{path.name}.{uuid.uuid4().hex}.tmp"  # <log>/tmp
     try:
         with open(draft, "wb") as f:
             f.write(data)

@@ -5,8 +5,9 @@ Every Spark task is an independent stager (:mod:`disklesslog.transactions`): its
 stores them without making them visible, and returns the :class:`StagedPart` as its
 commit message. The driver's ``commit()`` commits every task's part in one
 :meth:`~disklesslog.AbstractLog.commit_transaction` keyed by a transaction id, so the
-job's records become visible all at once (object logs; local logs stream by stream,
-rolled forward on retry), and committing the same id again stores nothing:
+job's records become visible all at once on either backend (local logs append stream
+by stream but hold the records back from readers until the commit point), and
+committing the same id again stores nothing:
 
 * batch writes use the ``transactionId`` option if given (so re-running the same job,
   e.g. an orchestrator's retry, never duplicates), else a fresh id per write;

@@ -7,6 +7,7 @@ imported by ``multiprocessing`` (spawn) for the concurrency tests.
 from __future__ import annotations
 
 import random
+import signal
 import sys
 import threading
 import time
@@ -116,8 +117,67 @@ def prefix_reader(directory: str, expected_total: int, timeout: float) -> str:
     return "timed out"
 
 
+TXN_STREAMS = ["s0", "s1", "s2", "s3"]
+
+
+def txn_value(k: int) -> bytes:
+    """Transaction ``k``'s record (the same in every stream, padded so appends take time)."""
+    return b"t%08d-" % k + b"x" * 2000
+
+
+def txn_child(directory: str, seed: int) -> None:
+    """Commit transactions forever (transaction k puts one record in each of
+    TXN_STREAMS, staged in two parts), acknowledging each once its commit returned."""
+    rng = random.Random(seed)
+    log = disklesslog.open(directory, fsync="always")  # recovers an interrupted commit
+    k = len({r.value for r in log.stream(TXN_STREAMS[0]).read()})
+    sys.stdout.write("ready\n")
+    sys.stdout.flush()
+    while True:
+        parts = []
+        for half in (TXN_STREAMS[:2], TXN_STREAMS[2:]):
+            stager = log.stager()
+            for name in half:
+                stager.append_batch(name, [txn_value(k)] * rng.randint(1, 3))
+            parts.append(stager.finish())
+        log.commit_transaction(f"t{k}", parts)
+        sys.stdout.write(f"ack {k}\n")
+        sys.stdout.flush()
+        k += 1
+
+
+def txn_reader(directory: str, seconds: float) -> None:
+    """Watch the streams while transactions commit and crash: reading them in name order
+    (the order a commit appends them), a later stream never shows fewer transactions
+    than an earlier one showed, which a half-visible commit would. Exit 1 on a breach."""
+    log = disklesslog.open(directory, fsync="always")
+    deadline = time.monotonic() + seconds
+    passes = held = 0
+
+    def stop(*_: object) -> None:
+        print(f"passes {passes} held {held}", flush=True)
+        raise SystemExit(0)
+
+    signal.signal(signal.SIGTERM, stop)
+    while time.monotonic() < deadline:
+        seen = []
+        for name in TXN_STREAMS:
+            values = {r.value for r in log.stream(name).read()}
+            seen.append(len(values))
+        if seen != sorted(seen):
+            print(f"breach: transactions seen per stream {seen}", flush=True)
+            raise SystemExit(1)
+        passes += 1
+        held += bool(log.stream(TXN_STREAMS[-1]).info().details.get("pending_transactions"))
+    print(f"passes {passes} held {held}", flush=True)
+
+
 if __name__ == "__main__":
     if sys.argv[1] == "crash":
         crash_child(sys.argv[2], int(sys.argv[3]), sys.argv[4], int(sys.argv[5]))
+    elif sys.argv[1] == "txn":
+        txn_child(sys.argv[2], int(sys.argv[3]))
+    elif sys.argv[1] == "txn-reader":
+        txn_reader(sys.argv[2], float(sys.argv[3]))
     else:
         raise SystemExit(f"unknown command {sys.argv[1]!r}")
