@@ -56,8 +56,8 @@ def maintain(
             rdd = spark.sparkContext.parallelize(names, len(names))
             for part in rdd.mapPartitions(task).collect():
                 report.merge(part)
-        report.streams = len(names)
         report.merge(log.collect_garbage(dry_run=dry_run, grace_seconds=grace_seconds))
+        report.streams = len(names)  # last: the parts' and gc's counts overlap
     return report
 
 

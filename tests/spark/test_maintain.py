@@ -72,3 +72,25 @@ def test_maintain_compacts_and_merges_on_executors(spark: Any, spark_log: Any) -
         if objects:
             after = log.stream("events").info().details["objects"]
             assert before == 30 and after < before, (before, after)
+
+
+def test_maintain_tiers_local_segments_on_executors(spark: Any, tmp_path: Any) -> None:
+    """A local log tiered once (``tier.json`` names the tier): executors opened without
+    ``tier_url`` copy closed segments there and drop the local copies past
+    local_retention_bytes; every record still reads back through the tier."""
+    url = str(tmp_path / "log")
+    tier = f"file://{tmp_path}/tier"
+    values = [b"%04d" % i + b"x" * 196 for i in range(60)]
+    with disklesslog.open(url, tier_url=tier, fsync="never") as log:
+        for name in ("a", "b"):
+            log.create_stream(name, segment_bytes=1024, local_retention_bytes=2048)
+            for i in range(0, 60, 5):
+                log.stream(name).append_batch(values[i : i + 5])
+    report = disklesslog.spark.maintain(spark, url)
+    assert report.streams == 2
+    assert report.objects_written > 0 and report.segments_deleted > 0
+    with disklesslog.open(url) as log:
+        for name in ("a", "b"):
+            info = log.stream(name).info()
+            assert info.details["local_start_offset"] > 0  # the rest is only in the tier
+            assert [r.value for r in log.stream(name).read()] == values

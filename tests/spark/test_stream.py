@@ -122,3 +122,37 @@ def test_fail_on_data_loss(spark: Any, tmp_path: Path) -> None:
     assert sum(batches) == 5
     expected = _all(s1=10) + Counter({("s1", i): 1 for i in range(15, 20)})
     assert _output(spark, tmp_path) == expected
+
+
+@pytest.mark.s3
+def test_restart_from_checkpoint_on_s3(spark: Any, s3_server: str, tmp_path: Path) -> None:
+    """The streaming read of a log in the moto S3 server, sequenced by the object-store
+    sequencer in the bucket: a limit per trigger, a restart, nothing lost or repeated."""
+    from disklesslog.testing import create_bucket, s3_storage_options
+
+    storage = s3_storage_options(s3_server)
+    url = f"s3://{create_bucket('s3', storage, 'spark-stream')}/log"
+    spark_log = SparkLog(
+        url,
+        {
+            "url": url,
+            "storage.key": storage["key"],
+            "storage.secret": storage["secret"],
+            "storage.client_kwargs.endpoint_url": s3_server,
+        },
+        {"storage_options": storage},
+    )
+    with spark_log.open() as log:
+        log.stream("s1").append_batch([b"one"] * 12)
+        log.stream("s2").append_batch([b"two"] * 6)
+    _, batches = _available_now(spark, spark_log, tmp_path, maxRecordsPerTrigger="8")
+    assert sum(batches) == 18 and max(batches) <= 8
+    with spark_log.open() as log:
+        writer = log.writer()
+        for i in range(10):  # several flushes, so several sequencer entries to replay
+            writer.append("s1" if i % 2 else "s3", b"more")
+            writer.flush()
+        writer.close()
+    _, batches = _available_now(spark, spark_log, tmp_path, maxRecordsPerTrigger="8")
+    assert sum(batches) == 10
+    assert _output(spark, tmp_path) == _all(s1=17, s2=6, s3=5)
