@@ -16,7 +16,7 @@ from ..errors import MissingDependencyError
 
 try:
     import pyarrow  # noqa: F401 - reads and writes build Arrow batches
-    import pyspark  # noqa: F401
+    from pyspark.errors import AnalysisException
 except ImportError as exc:  # pragma: no cover - depends on the installation
     raise MissingDependencyError(
         f"disklesslog.spark needs pyspark >= 4.0 and pyarrow ({exc}); "
@@ -31,5 +31,11 @@ __all__ = ["DisklessLogDataSource", "maintain", "register"]
 
 def register(spark: Any) -> None:
     """Register the ``disklesslog`` data source with ``spark`` (a ``SparkSession``), so
-    ``spark.read.format("disklesslog")`` works in this session."""
-    spark.dataSource.register(DisklessLogDataSource)
+    ``spark.read.format("disklesslog")`` works in this session. A no-op where Spark
+    already knows it: Spark 4.0 refuses to register a name it found through the
+    ``pyspark_disklesslog`` module (``DATA_SOURCE_ALREADY_EXISTS``)."""
+    try:
+        spark.dataSource.register(DisklessLogDataSource)
+    except AnalysisException as exc:
+        if exc.getCondition() != "DATA_SOURCE_ALREADY_EXISTS":
+            raise

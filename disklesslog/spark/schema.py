@@ -7,6 +7,9 @@ The columns follow Spark's Kafka source where the concepts match (``key``, ``val
 
 from __future__ import annotations
 
+import inspect
+from typing import Any
+
 import pyarrow as pa
 from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import (
@@ -20,6 +23,13 @@ from pyspark.sql.types import (
 )
 
 __all__ = ["HEADERS_TYPE", "arrow_schema", "read_schema"]
+
+# Timestamps in UTC: Spark 4.1+ takes ``timezone=``, Spark 4.0 ``timestamp_utc=``.
+_UTC: dict[str, Any] = (
+    {"timezone": "UTC"}
+    if "timezone" in inspect.signature(to_arrow_schema).parameters
+    else {"timestamp_utc": True}
+)
 
 HEADERS_TYPE = ArrayType(
     StructType([StructField("key", StringType(), False), StructField("value", BinaryType(), True)]),
@@ -47,4 +57,4 @@ def arrow_schema(schema: StructType) -> pa.Schema:
     """The Arrow schema of the batches ``read()`` yields, built by Spark's own helper:
     Spark 4.2+ refuses a batch whose schema differs in any way (timestamp unit and zone,
     ``binary`` vs ``large_binary``, nullability), so we never spell it ourselves."""
-    return to_arrow_schema(schema, timezone="UTC")
+    return to_arrow_schema(schema, **_UTC)

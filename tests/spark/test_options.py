@@ -14,6 +14,8 @@ from disklesslog.spark.read import split_range
 from disklesslog.spark.schema import read_schema
 from disklesslog.spark.stream import StreamReader, admit
 
+SCHEMA = read_schema(False)
+
 
 def test_every_read_option_parsed() -> None:
     options = parse_read_options(
@@ -119,39 +121,56 @@ def test_admission_shares_the_budget_by_backlog() -> None:
 
 
 def test_stream_reader_planning_without_spark(tmp_path: Path) -> None:
-    """The calls Spark makes on the driver, made directly: the zero-argument
-    ``latestOffset()`` of Spark 4.0/4.1, admission control, AvailableNow and new streams."""
-    from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
-
+    """The calls Spark 4.0/4.1 make on the driver, made directly: the zero-argument
+    ``latestOffset()``, new streams, and ``maxRecordsPerTrigger`` refused."""
     url = str(tmp_path / "log")
     with disklesslog.open(url, fsync="never") as log:
         log.stream("a").append_batch([b"x"] * 10)
-        options = parse_read_options({"url": url, "streamPattern": ".*"})
-        reader = StreamReader(options, read_schema(False))
+        reader = StreamReader(parse_read_options({"url": url, "streamPattern": ".*"}), SCHEMA)
         try:
             assert reader.initialOffset() == {"a": 10}  # streaming default: latest
             log.stream("a").append_batch([b"x"] * 5)
-            assert reader.latestOffset() == {"a": 15}  # Spark 4.0/4.1
+            assert reader.latestOffset() == {"a": 15}
             log.stream("b").append_batch([b"y"] * 4)  # a new stream: from its earliest
-            assert reader.latestOffset({"a": 10}, ReadAllAvailable()) == {"a": 15, "b": 4}
-            assert reader.latestOffset({"a": 10}, ReadMaxRows(3)) == {"a": 12, "b": 1}
+            assert reader.latestOffset() == {"a": 15, "b": 4}
             parts = reader.partitions({"a": 10}, {"a": 15, "b": 4})
             assert [(p.stream, p.start, p.end) for p in parts] == [("a", 10, 15), ("b", 0, 4)]
+        finally:
+            reader.stop()
+        limited = StreamReader(
+            parse_read_options({"url": url, "streams": "a", "maxRecordsPerTrigger": "2"}), SCHEMA
+        )
+        try:
+            with pytest.raises(ConfigError, match=r"needs Spark 4\.2"):
+                limited.latestOffset()
+        finally:
+            limited.stop()
+
+
+def test_stream_reader_admission_control_without_spark(tmp_path: Path) -> None:
+    """The calls Spark 4.2+ make: ``latestOffset(start, limit)`` with admission control,
+    and Trigger.AvailableNow."""
+    streaming = pytest.importorskip("pyspark.sql.streaming.datasource", reason="Spark 4.2+")
+    read_all, read_max = streaming.ReadAllAvailable, streaming.ReadMaxRows
+    url = str(tmp_path / "log")
+    with disklesslog.open(url, fsync="never") as log:
+        log.stream("a").append_batch([b"x"] * 15)
+        log.stream("b").append_batch([b"y"] * 4)
+        reader = StreamReader(parse_read_options({"url": url, "streamPattern": ".*"}), SCHEMA)
+        try:
+            assert reader.latestOffset({"a": 10}, read_all()) == {"a": 15, "b": 4}
+            assert reader.latestOffset({"a": 10}, read_max(3)) == {"a": 12, "b": 1}
             reader.prepareForTriggerAvailableNow()
             log.stream("a").append_batch([b"x"] * 5)
             log.stream("c").append_batch([b"z"])  # after the trigger: not read
-            assert reader.latestOffset({"a": 15, "b": 4}, ReadAllAvailable()) == {"a": 15, "b": 4}
+            assert reader.latestOffset({"a": 15, "b": 4}, read_all()) == {"a": 15, "b": 4}
         finally:
             reader.stop()
-
         limited = StreamReader(
-            parse_read_options({"url": url, "streams": "a", "maxRecordsPerTrigger": "2"}),
-            read_schema(False),
+            parse_read_options({"url": url, "streams": "a", "maxRecordsPerTrigger": "2"}), SCHEMA
         )
         try:
-            assert limited.getDefaultReadLimit() == ReadMaxRows(2)
-            with pytest.raises(ConfigError, match=r"needs Spark 4\.2"):
-                limited.latestOffset()
+            assert limited.getDefaultReadLimit() == read_max(2)
         finally:
             limited.stop()
 
