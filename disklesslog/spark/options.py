@@ -39,6 +39,9 @@ OffsetSpec = str | dict[str, int]
 """``"earliest"``, ``"latest"``, or a ``{stream: offset}`` dict (in which Kafka's ``-2``
 and ``-1`` mean earliest and latest)."""
 
+COLUMNS = ("key", "value", "stream", "offset", "timestamp", "headers")
+"""Every column a read can produce, in the default order (``headers`` only if asked)."""
+
 STORAGE_PREFIX = "storage."
 
 LOG_OPTIONS = ("url", "path", "backend", "sequencer", "storageoptions")
@@ -53,6 +56,7 @@ READ_OPTIONS = (
     "maxrecordsperpartition",
     "maxrecordspertrigger",
     "includeheaders",
+    "columns",
     "failondataloss",
 )
 
@@ -119,8 +123,13 @@ class ReadOptions:
     starting_timestamp: int | None
     max_records_per_partition: int | None
     max_records_per_trigger: int | None
-    include_headers: bool
+    columns: tuple[str, ...]
+    """The columns the read produces, in order (``columns``, or the default set)."""
     fail_on_data_loss: bool
+
+    @property
+    def include_headers(self) -> bool:
+        return "headers" in self.columns
 
     def selects(self, name: str) -> bool:
         """Whether stream ``name`` is one this read covers."""
@@ -165,6 +174,27 @@ def parse_bool(options: Mapping[str, str], key: str, default: bool) -> bool:
     if lowered in ("true", "false"):
         return lowered == "true"
     raise ConfigError(f"option {_shown(key)} must be true or false, not {raw!r}")
+
+
+def parse_columns(options: Mapping[str, str]) -> tuple[str, ...]:
+    """``columns`` (a comma-separated subset of the schema, in the order wanted), or the
+    default columns, with ``headers`` if ``includeHeaders``."""
+    include_headers = parse_bool(options, "includeheaders", False)
+    raw = _get(options, "columns")
+    if raw is None:
+        return COLUMNS if include_headers else COLUMNS[:-1]
+    names = tuple(name.strip() for name in raw.split(","))
+    unknown = [name for name in names if name and name not in COLUMNS]
+    if unknown or not all(names):
+        raise ConfigError(
+            f"option columns names {', '.join(map(repr, unknown)) or 'an empty column'}; "
+            f"choose among {', '.join(COLUMNS)} (comma-separated)"
+        )
+    if len(set(names)) != len(names):
+        raise ConfigError(f"option columns names a column twice: {raw!r}")
+    if include_headers and "headers" not in names:
+        raise ConfigError("includeHeaders=true with columns that omit headers: add headers")
+    return names
 
 
 def parse_positive_int(options: Mapping[str, str], key: str) -> int | None:
@@ -317,6 +347,6 @@ def parse_read_options(options: Mapping[str, str]) -> ReadOptions:
         starting_timestamp=timestamp,
         max_records_per_partition=parse_positive_int(options, "maxrecordsperpartition"),
         max_records_per_trigger=parse_positive_int(options, "maxrecordspertrigger"),
-        include_headers=parse_bool(options, "includeheaders", False),
+        columns=parse_columns(options),
         fail_on_data_loss=parse_bool(options, "failondataloss", True),
     )

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 from array import array
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import pyarrow as pa
@@ -71,7 +71,7 @@ def split_range(stream: str, start: int, end: int, size: int | None) -> list[Str
 def check_schema(schema: StructType, options: ReadOptions) -> None:
     """Refuse a user-given schema (``spark.read.schema(...)``) that is not ours: the
     columns are fixed, as with Spark's Kafka source."""
-    expected = read_schema(options.include_headers)
+    expected = read_schema(columns=options.columns)
     if schema != expected:
         raise ConfigError(
             "the disklesslog data source has a fixed schema; do not pass .schema(...). "
@@ -212,15 +212,15 @@ def to_arrow(
     Arrow once per up to :data:`MAX_ROWS_PER_ARROW_BATCH` rows, so no Python code runs
     per record.
     """
-    with_headers = "headers" in schema.names
-    columns = _Columns()
+    wanted = frozenset(schema.names)
+    columns = _Columns(wanted)
     for batch in batches:
-        columns.add(batch, with_headers)
+        columns.add(batch)
         if len(columns.offsets) >= MAX_ROWS_PER_ARROW_BATCH or (
             columns.size >= MAX_BYTES_PER_ARROW_BATCH
         ):
             yield columns.to_arrow(stream, schema)
-            columns = _Columns()
+            columns = _Columns(wanted)
     if columns.offsets:
         yield columns.to_arrow(stream, schema)
 
@@ -229,9 +229,11 @@ _TIMESTAMP_MS = pa.timestamp("ms", tz="UTC")
 
 
 class _Columns:
-    """Columns gathered for one Arrow batch."""
+    """Columns gathered for one Arrow batch: offsets always (they count the rows and
+    mark the gaps), the others only if the schema has them."""
 
-    def __init__(self) -> None:
+    def __init__(self, wanted: frozenset[str]) -> None:
+        self.wanted = wanted
         self.keys: list[bytes | None] = []
         self.values: list[bytes | None] = []
         self.offsets: list[int] = []
@@ -240,37 +242,44 @@ class _Columns:
         self.headers: list[object] = []
         self.size = 0  # bytes of values
 
-    def add(self, batch: RecordBatch, with_headers: bool) -> None:
+    def add(self, batch: RecordBatch) -> None:
         offsets = batch.offsets
         if self.dense and not (
             type(offsets) is range and (not self.offsets or offsets[0] == self.offsets[-1] + 1)
         ):
             self.dense = False
         self.offsets += offsets
-        self.keys += batch.keys
-        self.values += batch.values
-        self.timestamps += batch.timestamps
-        if with_headers:
+        wanted = self.wanted
+        if "key" in wanted:
+            self.keys += batch.keys
+        if "value" in wanted:
+            self.values += batch.values
+            self.size += sum(map(len, filter(None, batch.values)))
+        if "timestamp" in wanted:
+            self.timestamps += batch.timestamps
+        if "headers" in wanted:
             self.headers += batch.headers
-        self.size += sum(map(len, filter(None, batch.values)))
 
     def to_arrow(self, stream: str, schema: pa.Schema) -> pa.RecordBatch:
         count = len(self.offsets)
-        if self.dense:  # the common case: first offset + 0, 1, 2... in one C loop
-            offsets = pc.add(_iota(count), self.offsets[0])
-        else:
-            offsets = _int64s(pa.int64(), self.offsets)
-        columns = [
-            pa.array(self.keys, pa.binary()),
-            pa.array(self.values, pa.binary()),
-            pa.repeat(pa.scalar(stream, pa.string()), count),
-            offsets,
+        builders: dict[str, Callable[[], pa.Array]] = {
+            "key": lambda: pa.array(self.keys, pa.binary()),
+            "value": lambda: pa.array(self.values, pa.binary()),
+            "stream": lambda: pa.repeat(pa.scalar(stream, pa.string()), count),
+            "offset": self._offsets,
             # The log keeps milliseconds; Spark wants microseconds (a checked, exact cast).
-            _int64s(_TIMESTAMP_MS, self.timestamps).cast(schema.field("timestamp").type),
-        ]
-        if "headers" in schema.names:
-            columns.append(pa.array(self.headers, schema.field("headers").type))
+            "timestamp": lambda: _int64s(_TIMESTAMP_MS, self.timestamps).cast(
+                schema.field("timestamp").type
+            ),
+            "headers": lambda: pa.array(self.headers, schema.field("headers").type),
+        }
+        columns = [builders[name]() for name in schema.names]
         return pa.RecordBatch.from_arrays(columns, schema=schema)
+
+    def _offsets(self) -> pa.Array:
+        if self.dense:  # the common case: first offset + 0, 1, 2... in one C loop
+            return pc.add(_iota(len(self.offsets)), self.offsets[0])
+        return _int64s(pa.int64(), self.offsets)
 
 
 def _int64s(kind: pa.DataType, values: list[int]) -> pa.Array:

@@ -8,6 +8,7 @@ The columns follow Spark's Kafka source where the concepts match (``key``, ``val
 from __future__ import annotations
 
 import inspect
+from collections.abc import Sequence
 from typing import Any
 
 import pyarrow as pa
@@ -21,6 +22,8 @@ from pyspark.sql.types import (
     StructType,
     TimestampType,
 )
+
+from .options import COLUMNS
 
 __all__ = ["HEADERS_TYPE", "arrow_schema", "read_schema"]
 
@@ -38,19 +41,27 @@ HEADERS_TYPE = ArrayType(
 """Kafka's header column: ``array<struct<key:string,value:binary>>`` (keys may repeat)."""
 
 
-def read_schema(include_headers: bool) -> StructType:
-    """The read schema. ``key``/``value`` are null for a missing key and a tombstone;
-    the other columns are never null, and say so, so Spark can skip null checks."""
-    fields = [
-        StructField("key", BinaryType(), True),
-        StructField("value", BinaryType(), True),
-        StructField("stream", StringType(), False),
-        StructField("offset", LongType(), False),
-        StructField("timestamp", TimestampType(), False),
-    ]
-    if include_headers:
-        fields.append(StructField("headers", HEADERS_TYPE, False))
-    return StructType(fields)
+_FIELDS = {
+    "key": StructField("key", BinaryType(), True),
+    "value": StructField("value", BinaryType(), True),
+    "stream": StructField("stream", StringType(), False),
+    "offset": StructField("offset", LongType(), False),
+    "timestamp": StructField("timestamp", TimestampType(), False),
+    "headers": StructField("headers", HEADERS_TYPE, False),
+}
+
+
+def read_schema(
+    include_headers: bool = False, *, columns: Sequence[str] | None = None
+) -> StructType:
+    """The read schema: every column but ``headers`` (unless ``include_headers``), or
+    exactly ``columns`` in that order (the ``columns`` option: Spark's Python data
+    sources get no column pruning, so a read that needs few columns names them).
+    ``key``/``value`` are null for a missing key and a tombstone; the other columns are
+    never null, and say so, so Spark can skip null checks."""
+    if columns is None:
+        columns = COLUMNS if include_headers else COLUMNS[:-1]
+    return StructType([_FIELDS[name] for name in columns])
 
 
 def arrow_schema(schema: StructType) -> pa.Schema:

@@ -34,8 +34,9 @@ class DisklessLogDataSource(DataSource):
         return "disklesslog"
 
     def schema(self) -> StructType:
-        """The read schema (Kafka-like columns; ``headers`` with ``includeHeaders``)."""
-        return read_schema(parse_read_options(self.options).include_headers)
+        """The read schema (Kafka-like columns; ``headers`` with ``includeHeaders``; only
+        those named by ``columns``)."""
+        return read_schema(columns=parse_read_options(self.options).columns)
 
     def reader(self, schema: StructType) -> BatchReader:
         from .read import BatchReader  # noqa: PLC0415 - pyarrow only where reads happen

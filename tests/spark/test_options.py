@@ -228,3 +228,36 @@ def test_to_arrow_builds_spark_columns() -> None:
     [out] = to_arrow(iter(gaps), "s", arrow_schema(read_schema(False)))
     assert out.column("offset").to_pylist() == [5, 6, 7, 9, 12]
     assert out.column("timestamp").cast("int64").to_pylist()[-1] == 2_000_000
+
+
+def test_columns_option_picks_and_orders_columns() -> None:
+    """``columns`` names a subset in the order wanted; the schema, the Arrow batches and
+    their contents follow it; bad lists are refused with the valid names."""
+    from disklesslog import RecordBatch
+    from disklesslog.spark.read import to_arrow
+    from disklesslog.spark.schema import arrow_schema
+
+    options = parse_read_options({"url": "/l", "streams": "a", "columns": " value , offset"})
+    assert options.columns == ("value", "offset") and not options.include_headers
+    schema = read_schema(columns=options.columns)
+    assert schema.fieldNames() == ["value", "offset"]
+    with_headers = parse_read_options(
+        {"url": "/l", "streams": "a", "columns": "headers,key", "includeHeaders": "true"}
+    )
+    assert with_headers.include_headers
+    batches = [RecordBatch(range(3, 5), (1, 2), (b"k", None), (b"v", b"w"), ((), ()))]
+    [out] = to_arrow(iter(batches), "s", arrow_schema(schema))
+    assert out.schema.names == ["value", "offset"]
+    assert out.column("value").to_pylist() == [b"v", b"w"]
+    assert out.column("offset").to_pylist() == [3, 4]
+    for bad, message in [
+        ("value,topic", "'topic'"),
+        ("value,,key", "an empty column"),
+        ("key,key", "twice"),
+    ]:
+        with pytest.raises(ConfigError, match=message):
+            parse_read_options({"url": "/l", "streams": "a", "columns": bad})
+    with pytest.raises(ConfigError, match="omit headers"):
+        parse_read_options(
+            {"url": "/l", "streams": "a", "columns": "key", "includeHeaders": "true"}
+        )

@@ -72,6 +72,22 @@ def test_batch_read_equals_stream_read(spark: Any, spark_log: SparkLog) -> None:
     assert split.groupBy("key").count().where("key = 'k0'").first()["count"] == 3 * 4
 
 
+def test_columns_option_reads_only_those_columns(spark: Any, spark_log: SparkLog) -> None:
+    """``columns`` stands in for the column pruning Spark's Python data sources lack: the
+    DataFrame has exactly those columns, in that order, with the same contents."""
+    with spark_log.open() as log:
+        records = _fill(log)
+    df = spark_log.read(spark, streams="alpha", columns="offset,key,headers")
+    assert df.columns == ["offset", "key", "headers"]
+    got = sorted(
+        (r.offset, r.key, tuple((h.key, h.value) for h in r.headers)) for r in df.collect()
+    )
+    assert got == [(r.offset, r.key, tuple(r.headers)) for r in records["alpha"]]
+    assert spark_log.read(spark, streams="alpha,beta", columns="key").count() == 42
+    counts = spark_log.read(spark, streams="alpha", columns="key").groupBy("key").count()
+    assert {r.key: r["count"] for r in counts.collect()}[b"k0"] == 3 * 4
+
+
 def test_offset_options(spark: Any, spark_log: SparkLog) -> None:
     with spark_log.open() as log:
         records = _fill(log)
