@@ -380,8 +380,10 @@ class AbstractLog(ABC):
         discarded. Returns :class:`~disklesslog.sequencers.TransactionResult`: per
         stream, the ``(first, end)`` offsets the transaction's records hold. Raises
         :class:`~disklesslog.TransactionError` for parts of another log or too old to
-        commit. How atomic a commit is depends on the backend (object logs: one
-        sequencer step; local logs: see :mod:`disklesslog.segments.transactions`)."""
+        commit. Readers see the transaction in every stream or in none, on both
+        backends (object logs: one sequencer step; local logs: streams appended one by
+        one but held back until the commit point, see
+        :mod:`disklesslog.segments.transactions`)."""
 
     @abstractmethod
     def abort_transaction(self, parts: Iterable[StagedPart]) -> None:
