@@ -202,7 +202,7 @@ def _kill_rounds(tmp_path: Path, rounds: int) -> None:
 
 
 def test_maintenance_killed_at_random_points(tmp_path: Path) -> None:
-    _kill_rounds(tmp_path, rounds=10)
+    _kill_rounds(tmp_path, rounds=6)
 
 
 @pytest.mark.slow

@@ -689,7 +689,7 @@ def _check_tier_consistent(path: Path, target: Target) -> None:
 
 @pytest.mark.parametrize(
     "rounds",
-    [pytest.param(10, id="10-rounds"), pytest.param(40, id="40-rounds", marks=pytest.mark.slow)],
+    [pytest.param(6, id="6-rounds"), pytest.param(40, id="40-rounds", marks=pytest.mark.slow)],
 )
 def test_sigkill_while_tiering_loses_nothing(tmp_path: Path, rounds: int) -> None:
     """Kill a tiering process at random moments, ``rounds`` times: the next run completes,

@@ -87,7 +87,14 @@ def _rounds(tmp_path: Path, sequencer_for: SequencerFor, rounds: int, per_writer
 
 
 def test_four_processes_with_two_writers_each(tmp_path: Path, sequencer_for: SequencerFor) -> None:
-    _rounds(tmp_path, sequencer_for, rounds=20, per_writer=60)
+    _rounds(tmp_path, sequencer_for, rounds=8, per_writer=60)
+
+
+@pytest.mark.slow
+def test_four_processes_with_two_writers_each_many_rounds(
+    tmp_path: Path, sequencer_for: SequencerFor
+) -> None:
+    _rounds(tmp_path, sequencer_for, rounds=40, per_writer=60)
 
 
 def test_four_processes_with_two_writers_each_many_records(

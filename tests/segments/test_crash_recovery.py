@@ -104,7 +104,7 @@ def _crash_rounds(tmp_path: Path, rounds: int, seed: int, caplog: pytest.LogCapt
 
 
 def test_sigkill_while_appending(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    _crash_rounds(tmp_path, rounds=20, seed=1, caplog=caplog)
+    _crash_rounds(tmp_path, rounds=10, seed=1, caplog=caplog)
 
 
 @pytest.mark.slow
