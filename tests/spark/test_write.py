@@ -99,6 +99,25 @@ def _staged_left(spark_log: SparkLog, log: disklesslog.Log) -> tuple[set[str], s
     return stored, orphans
 
 
+def _wait_for_cancelled_tasks(spark: Any, spark_log: SparkLog, log: disklesslog.Log) -> None:
+    """A failed job's other tasks are cancelled, but a task already in its Python worker
+    may go on staging for a moment (Spark 4.0 seen doing so): wait until Spark runs no
+    job and the staged data stops changing, so what follows sees all of it."""
+    tracker = spark.sparkContext.statusTracker()
+    deadline = time.monotonic() + 60
+    while tracker.getActiveJobsIds() or tracker.getActiveStageIds():
+        assert time.monotonic() < deadline, "Spark still runs the failed job's tasks"
+        time.sleep(0.05)
+    seen = _staged_left(spark_log, log)[0]
+    while True:
+        time.sleep(0.5)
+        now = _staged_left(spark_log, log)[0]
+        if now == seen:
+            return
+        assert time.monotonic() < deadline, "staged data keeps changing"
+        seen = now
+
+
 def _collect_everything(log: disklesslog.Log, monkeypatch: pytest.MonkeyPatch) -> None:
     """Garbage collection with no grace and no minimum age for unknown staged data."""
     for name in ("UNKNOWN_MIN_AGE", "STAGED_UNKNOWN_MIN_AGE"):
@@ -139,6 +158,7 @@ def test_a_failed_batch_job_leaves_nothing_visible(
     with pytest.raises(Exception, match="injected task failure"):
         _write(df, spark_log, maxObjectBytes="20000")
     with spark_log.open() as log:
+        _wait_for_cancelled_tasks(spark, spark_log, log)
         assert all(not records for records in _contents(log).values())
         _, orphans = _staged_left(spark_log, log)
         if getattr(log, "storage", None) is not None:
