@@ -14,17 +14,13 @@ take no lock) see either the old or the new offsets, never a torn file.
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import json
-import os
-import uuid
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 from ..errors import CorruptDataError
-from .layout import TMP, fsync_directory
+from .layout import flocked, write_durably
 
 __all__ = ["GROUPS", "commit_offsets", "committed_offsets", "forget_stream", "group_path"]
 
@@ -83,7 +79,7 @@ def _update(
     """Replace ``group``'s offsets with ``change(current)``, under the group's lock."""
     directory = root / GROUPS
     path = group_path(root, group)
-    with _locked(directory / f"{group}.lock"):
+    with flocked(directory / f"{group}.lock"):
         try:
             current = _decode(path.read_bytes(), path, group)
         except FileNotFoundError:
@@ -93,31 +89,7 @@ def _update(
             "group": group,
             "offsets": dict(sorted(change(current).items())),
         }
-        staging = root / TMP / f"group-{uuid.uuid4().hex}.json"
-        try:
-            with open(staging, "wb") as f:
-                f.write(json.dumps(content, indent=1).encode() + b"\n")
-                if sync:
-                    f.flush()
-                    os.fsync(f.fileno())
-            os.replace(staging, path)
-        except BaseException:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(staging)
-            raise
-        if sync:
-            fsync_directory(directory)
-
-
-@contextlib.contextmanager
-def _locked(lock_path: Path) -> Iterator[None]:
-    # flock conflicts between separate open()s, so threads of one process serialise too.
-    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)  # releases the lock
+        write_durably(root, path, json.dumps(content, indent=1).encode() + b"\n", sync=sync)
 
 
 def _decode(raw: bytes, path: Path, group: str) -> dict[str, int]:

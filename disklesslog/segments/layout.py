@@ -17,11 +17,14 @@ the log directory.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import shutil
 import struct
 import threading
 import time
+import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -196,3 +199,34 @@ def fsync_directory(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def write_durably(root: Path, path: Path, data: bytes, *, sync: bool) -> None:
+    """Replace ``path`` whole with ``data`` through a draft in ``root``'s ``tmp/`` and a
+    rename: readers, and a process after a crash, see the old or the new content, never
+    a torn one (drafts a crash leaves are cleaned when the log is opened)."""
+    draft = root / TMP / f"{path.name}.{uuid.uuid4().hex}.tmp"
+    try:
+        with open(draft, "wb") as f:
+            f.write(data)
+            if sync:
+                f.flush()
+                os.fsync(f.fileno())
+        os.replace(draft, path)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(draft)
+    if sync:
+        fsync_directory(path.parent)
+
+
+@contextlib.contextmanager
+def flocked(lock_path: Path) -> Iterator[None]:
+    """Hold an exclusive ``flock`` of ``lock_path`` (created if missing). flock conflicts
+    between separate open()s, so threads of one process take turns too."""
+    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock

@@ -52,8 +52,7 @@ import logging
 import os
 import secrets
 import time
-import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -82,7 +81,7 @@ from ..transactions import (
     check_parts,
 )
 from . import reader
-from .layout import TMP, fsync_directory
+from .layout import flocked, fsync_directory, write_durably
 
 if TYPE_CHECKING:
     from ..maintenance.report import MaintenanceReport
@@ -128,7 +127,7 @@ class SegmentStager(Stager):
         directory = self._log.path / STAGED
         directory.mkdir(exist_ok=True)
         name = f"{time.time_ns():020d}-{secrets.token_hex(8)}{_SUFFIX}"
-        _write_durably(self._log.path, directory / name, data, self._sync)
+        write_durably(self._log.path, directory / name, data, sync=self._sync)
         return f"{STAGED}/{name}"
 
     @property
@@ -150,7 +149,7 @@ def commit_transaction(
     directory = log.path / TRANSACTIONS
     directory.mkdir(exist_ok=True)
     name = _digest(txn)
-    with _flock(directory / ".lock"):  # commits of one log take turns (one machine)
+    with flocked(directory / ".lock"):  # commits of one log take turns (one machine)
         _forget_transactions(directory)
         finished = _finish_interrupted(log, current=name)
         done = _load_record(directory / f"{name}.json")
@@ -171,9 +170,9 @@ def commit_transaction(
         pending.mkdir(exist_ok=True)
         if sync:
             fsync_directory(directory)
-        _write_durably(log.path, pending / f"{name}{_PARTS}", _dump_parts(objects), sync)
+        write_durably(log.path, pending / f"{name}{_PARTS}", _dump_parts(objects), sync=sync)
         notes: dict[str, Any] = {"id": txn, "streams": {}}
-        _write_durably(log.path, pending / f"{name}{_NOTES}", _dump(notes), sync)
+        write_durably(log.path, pending / f"{name}{_NOTES}", _dump(notes), sync=sync)
         try:
             return _apply(log, name, notes, objects, per_stream)
         except BaseException as exc:
@@ -201,7 +200,7 @@ def _apply(
     streams: dict[str, Any] = notes["streams"]
 
     def save(durable: bool) -> None:
-        _write_durably(log.path, notes_path, _dump(notes), sync and durable)
+        write_durably(log.path, notes_path, _dump(notes), sync=sync and durable)
 
     for stream in sorted(per_stream):
         note = streams.get(stream, {})
@@ -226,7 +225,7 @@ def _apply(
         save(durable=False)  # a shortcut for a roll-forward, which can also check _landed
     ranges = {s: (int(n["range"][0]), int(n["range"][1])) for s, n in sorted(streams.items())}
     body = {"id": notes["id"], "committed_at": time.time(), "ranges": ranges}
-    _write_durably(log.path, directory / f"{name}.json", _dump(body), sync)
+    write_durably(log.path, directory / f"{name}.json", _dump(body), sync=sync)
     notes_path.unlink()  # the commit point: every stream shows the records from now on
     if sync:
         fsync_directory(notes_path.parent)
@@ -317,7 +316,7 @@ def abort_transaction(log: SegmentLog, parts: Iterable[StagedPart]) -> None:
     if not directory.exists():
         _delete_staged(log, objects)
         return
-    with _flock(directory / ".lock"):
+    with flocked(directory / ".lock"):
         pending = _pending_keys(log)
         _delete_staged(log, [obj for obj in objects if obj.key not in pending])
 
@@ -361,7 +360,7 @@ def held_offset(pending: str, stream: str) -> int | None:
             ) from None
         if note is None:
             continue
-        base = int(note["range"][0] if "range" in note else note["base"])
+        base = _held_at(note)
         held = base if held is None else min(held, base)
     return held
 
@@ -381,10 +380,7 @@ def pending_transactions(root: Path) -> list[dict[str, Any]]:
         with contextlib.suppress(FileNotFoundError, ValueError, KeyError):
             path = pending / entry
             notes = json.loads(path.read_bytes())
-            held = {
-                s: int(n["range"][0] if "range" in n else n["base"])
-                for s, n in notes["streams"].items()
-            }
+            held = {s: _held_at(n) for s, n in notes["streams"].items()}
             found.append({"id": notes["id"], "streams": held, "since": path.stat().st_ctime})
     return found
 
@@ -429,6 +425,11 @@ def collect_staged(
 
 def _warn(log: SegmentLog, message: str) -> None:
     logger.warning("%s: %s", log.url, message)
+
+
+def _held_at(note: dict[str, Any]) -> int:
+    """The offset a stream's note holds readers back at: where its records start."""
+    return int(note["range"][0] if "range" in note else note["base"])
 
 
 def _digest(transaction_id: str) -> str:
@@ -579,32 +580,3 @@ def _forget_transactions(directory: Path) -> None:
         if i < excess or mtime < cutoff:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(path)
-
-
-@contextlib.contextmanager
-def _flock(path: Path) -> Iterator[None]:
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)
-
-
-def _write_durably(root: Path, path: Path, data: bytes, sync: bool) -> None:
-    """Write ``path`` whole through a temporary file and a rename (readers and a retry
-    after a crash see the old or the new content, never a torn one); the draft goes
-    in ``root``'s ``tmp/``, which opening the log cleans."""
-    draft = root / TMP / f"{path.name}.{uuid.uuid4().hex}.tmp"  # <log>/tmp
-    try:
-        with open(draft, "wb") as f:
-            f.write(data)
-            if sync:
-                f.flush()
-                os.fsync(f.fileno())
-        os.replace(draft, path)
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(draft)
-    if sync:
-        fsync_directory(path.parent)

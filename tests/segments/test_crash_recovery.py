@@ -5,57 +5,22 @@ in order, and never a corrupt one (SQLite's habit of testing crash recovery for 
 
 from __future__ import annotations
 
-import os
 import random
-import selectors
-import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
-from workers import STREAM_CONFIG, matches, parse
+from workers import STREAM_CONFIG, matches, parse, run_and_kill
 
 import disklesslog
 
-WORKERS = Path(__file__).with_name("workers.py")
 MODES = ["append", "batch", "mixed", "writer", "large"]
 
 
 def _run_and_kill(directory: Path, round_no: int, mode: str, rng: random.Random) -> list[tuple]:
     """Start a child appending to ``directory``, kill it after a random delay, and return
     the acknowledgements it printed: (offset, count, round, first_seq)."""
-    child = subprocess.Popen(
-        [
-            sys.executable,
-            str(WORKERS),
-            "crash",
-            str(directory),
-            str(round_no),
-            mode,
-            str(rng.randrange(1 << 30)),
-        ],
-        stdout=subprocess.PIPE,
-    )
-    assert child.stdout is not None
-    ready = child.stdout.readline()
-    assert ready == b"ready\n", ready
-    delay = rng.uniform(0.005, 0.25)
-    data = b""
-    selector = selectors.DefaultSelector()
-    selector.register(child.stdout, selectors.EVENT_READ)
-    os.set_blocking(child.stdout.fileno(), False)
-    deadline = time.monotonic() + delay
-    while (left := deadline - time.monotonic()) > 0:
-        if selector.select(left):
-            data += child.stdout.read() or b""
-    child.send_signal(signal.SIGKILL)
-    child.wait()
-    data += child.stdout.read() or b""
-    selector.close()
-    child.stdout.close()
-    lines = data.split(b"\n")[:-1]  # a partial last line is not an acknowledgement
+    args = ["crash", str(directory), str(round_no), mode, str(rng.randrange(1 << 30))]
+    lines = run_and_kill(args, rng.uniform(0.005, 0.25))
     return [tuple(int(x) for x in line.split()[1:]) for line in lines]
 
 

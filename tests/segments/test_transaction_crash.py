@@ -7,17 +7,14 @@ every acknowledged one included."""
 
 from __future__ import annotations
 
-import os
 import random
-import selectors
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
-from workers import TXN_STREAMS, txn_value
+from workers import TXN_STREAMS, run_and_kill, txn_value
 
 import disklesslog
 
@@ -27,26 +24,10 @@ WORKERS = Path(__file__).with_name("workers.py")
 def _run_and_kill(directory: Path, rng: random.Random) -> list[int]:
     """Start a committing child, kill it after a random delay, return the transactions
     it acknowledged."""
-    child = subprocess.Popen(
-        [sys.executable, str(WORKERS), "txn", str(directory), str(rng.randrange(1 << 30))],
-        stdout=subprocess.PIPE,
+    lines = run_and_kill(
+        ["txn", str(directory), str(rng.randrange(1 << 30))], rng.uniform(0.02, 0.3)
     )
-    assert child.stdout is not None
-    assert child.stdout.readline() == b"ready\n"
-    data = b""
-    selector = selectors.DefaultSelector()
-    selector.register(child.stdout, selectors.EVENT_READ)
-    os.set_blocking(child.stdout.fileno(), False)
-    deadline = time.monotonic() + rng.uniform(0.02, 0.3)
-    while (left := deadline - time.monotonic()) > 0:
-        if selector.select(left):
-            data += child.stdout.read() or b""
-    child.send_signal(signal.SIGKILL)
-    child.wait()
-    data += child.stdout.read() or b""
-    selector.close()
-    child.stdout.close()
-    return [int(line.split()[1]) for line in data.split(b"\n")[:-1]]
+    return [int(line.split()[1]) for line in lines]
 
 
 def _check(directory: Path, acked: list[int]) -> int:

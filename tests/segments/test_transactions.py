@@ -49,15 +49,22 @@ def _crash_in_append_of(stream: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(StreamStore, "append", crash)
 
 
+def _interrupt_commit(
+    log: disklesslog.Log, txn: str, part: StagedPart, stream: str, mp: pytest.MonkeyPatch
+) -> None:
+    """Commit ``part`` as ``txn``, "crashing" as the commit reaches ``stream``."""
+    with mp.context() as m:
+        _crash_in_append_of(stream, m)
+        with pytest.raises(Crash):
+            log.commit_transaction(txn, [part])
+
+
 def test_an_interrupted_commit_shows_nothing_and_is_finished_by_the_next_open(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     with disklesslog.open(str(tmp_path / "log")) as log:
         part = _part(log)
-        with monkeypatch.context() as m:
-            _crash_in_append_of("b", m)
-            with pytest.raises(Crash):
-                log.commit_transaction("t", [part])
+        _interrupt_commit(log, "t", part, "b", monkeypatch)
         # a's records are in its files, but held back: no stream shows the commit.
         assert _contents(log) == {"a": [], "b": []}
         a = log.stream("a")
@@ -82,10 +89,7 @@ def test_a_retry_of_the_same_id_finishes_it_and_says_it_stored_it(
 ) -> None:
     with disklesslog.open(str(tmp_path / "log")) as log:
         part = _part(log)
-        with monkeypatch.context() as m:
-            _crash_in_append_of("c", m)
-            with pytest.raises(Crash):
-                log.commit_transaction("t", [part])
+        _interrupt_commit(log, "t", part, "c", monkeypatch)
         assert _contents(log) == {"a": [], "b": [], "c": []}
         retry = _part(log)  # a replayed Spark micro-batch stages its records anew
         result = log.commit_transaction("t", [retry])
@@ -100,10 +104,7 @@ def test_any_commit_finishes_an_interrupted_one_first(
 ) -> None:
     with disklesslog.open(str(tmp_path / "log")) as log:
         part = _part(log)
-        with monkeypatch.context() as m:
-            _crash_in_append_of("b", m)
-            with pytest.raises(Crash):
-                log.commit_transaction("t1", [part])
+        _interrupt_commit(log, "t1", part, "b", monkeypatch)
         stager = log.stager()
         stager.append_batch("b", [b"b2"])
         assert log.commit_transaction("t2", [stager.finish()]).ranges == {"b": (1, 2)}
@@ -116,15 +117,15 @@ def test_a_crash_after_an_append_before_its_note_is_not_appended_twice(
     with disklesslog.open(str(tmp_path / "log")) as log:
         log.stream("b").append(b"earlier")
         part = _part(log)
-        real = transactions._write_durably
+        real = transactions.write_durably
 
-        def crash_after_b(root: Path, path: Path, data: bytes, sync: bool) -> None:
+        def crash_after_b(root: Path, path: Path, data: bytes, *, sync: bool) -> None:
             if path.parent.name == "pending" and b'"b":{"range"' in data:
                 raise Crash  # b's records are in; the note saying so is not
-            real(root, path, data, sync)
+            real(root, path, data, sync=sync)
 
         with monkeypatch.context() as m:
-            m.setattr(transactions, "_write_durably", crash_after_b)
+            m.setattr(transactions, "write_durably", crash_after_b)
             with pytest.raises(Crash):
                 log.commit_transaction("t", [part])
         assert _contents(log) == {"a": [], "b": [b"earlier"]}
@@ -184,10 +185,7 @@ def test_a_commit_that_cannot_be_finished_holds_back_and_says_so(
 ) -> None:
     with disklesslog.open(str(tmp_path / "log")) as log:
         part = _part(log)
-        with monkeypatch.context() as m:
-            _crash_in_append_of("b", m)
-            with pytest.raises(Crash):
-                log.commit_transaction("t", [part])
+        _interrupt_commit(log, "t", part, "b", monkeypatch)
     for obj in part.objects:  # deleted by hand: the roll-forward has nothing to append
         (tmp_path / "log" / obj.key).unlink()
     with caplog.at_level(logging.WARNING), disklesslog.open(str(tmp_path / "log")) as log:
@@ -226,10 +224,8 @@ def test_an_abort_and_gc_keep_the_files_of_an_interrupted_commit(
     with disklesslog.open(str(tmp_path / "log")) as log:
         part = _part(log)
         other = _part(log)
+        _interrupt_commit(log, "t", part, "c", monkeypatch)
         with monkeypatch.context() as m:
-            _crash_in_append_of("c", m)
-            with pytest.raises(Crash):
-                log.commit_transaction("t", [part])
             log.abort_transaction([part, other])  # "other" was never committed: it goes
             staged = {p.name for p in (tmp_path / "log" / "staged").iterdir()}
             assert staged == {obj.key.split("/")[1] for obj in part.objects}

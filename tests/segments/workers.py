@@ -6,8 +6,11 @@ imported by ``multiprocessing`` (spawn) for the concurrency tests.
 
 from __future__ import annotations
 
+import os
 import random
+import selectors
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -115,6 +118,30 @@ def prefix_reader(directory: str, expected_total: int, timeout: float) -> str:
             if len(records) >= expected_total:
                 return ""
     return "timed out"
+
+
+def run_and_kill(args: list[str], delay: float) -> list[bytes]:
+    """Run ``python workers.py ARGS``, wait for its "ready" line, collect what it prints
+    for ``delay`` seconds, SIGKILL it, and return the complete lines it printed (a
+    partial last line was cut by the kill: not an acknowledgement)."""
+    child = subprocess.Popen([sys.executable, __file__, *args], stdout=subprocess.PIPE)
+    assert child.stdout is not None
+    ready = child.stdout.readline()
+    assert ready == b"ready\n", ready
+    data = b""
+    selector = selectors.DefaultSelector()
+    selector.register(child.stdout, selectors.EVENT_READ)
+    os.set_blocking(child.stdout.fileno(), False)
+    deadline = time.monotonic() + delay
+    while (left := deadline - time.monotonic()) > 0:
+        if selector.select(left):
+            data += child.stdout.read() or b""
+    child.send_signal(signal.SIGKILL)
+    child.wait()
+    data += child.stdout.read() or b""
+    selector.close()
+    child.stdout.close()
+    return data.split(b"\n")[:-1]
 
 
 TXN_STREAMS = ["s0", "s1", "s2", "s3"]
