@@ -351,13 +351,21 @@ def read_group(plan: Plan) -> Group:
             tag="A",
             note=f"the stream's segment files ({per_record:.1f} bytes per record), {passes} passes",
         ),
-        Variant(read, "subject", partial(wl.dl_read, batches=False), records, records * 100),
+        Variant(read, "subject", partial(wl.dl_read, method="read"), records, records * 100),
         Variant(
             "disklesslog Stream.read_batches() -> columns",
             "subject",
-            partial(wl.dl_read, batches=True),
+            partial(wl.dl_read, method="read_batches"),
             records,
             records * 100,
+        ),
+        Variant(
+            "disklesslog Stream.read_offsets() -> offsets",
+            "subject",
+            partial(wl.dl_read, method="read_offsets"),
+            records,
+            records * 100,
+            note="dense batches checksummed, not decoded (what count() needs)",
         ),
         Variant(
             "SQLite SELECT value ORDER BY id",

@@ -226,12 +226,14 @@ class ReadData:
 
 
 @contextmanager
-def dl_read(work: Path, data: ReadData, *, batches: bool) -> Iterator[Callable[[], None]]:
-    """Drain ``Stream.read()`` (Record objects) or ``Stream.read_batches()`` (columns)."""
+def dl_read(work: Path, data: ReadData, *, method: str) -> Iterator[Callable[[], None]]:
+    """Drain ``Stream.<method>()``: ``read`` (Record objects), ``read_batches`` (columns)
+    or ``read_offsets`` (offsets alone)."""
     log, stream = _open_stream(data.log)
+    read = getattr(stream, method)
 
     def run() -> None:
-        _drain(stream.read_batches() if batches else stream.read())
+        _drain(read())
 
     try:
         yield run

@@ -14,6 +14,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import chain
+from operator import attrgetter
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
@@ -179,6 +180,21 @@ class Stream(ABC):
         or above the end offset, and :class:`~disklesslog.CorruptDataError` instead of
         returning bytes that fail their checksum.
         """
+
+    def read_offsets(
+        self, start: int | None = None, end: int | None = None
+    ) -> Iterator[Sequence[int]]:
+        """Yield the offsets of the records from ``start`` up to ``end`` (defaults and
+        errors as for :meth:`read_batches`), batch by batch: what ``read_batches`` would
+        yield as ``batch.offsets``, often a ``range``.
+
+        For counting records and finding compaction gaps without decoding them: a batch
+        whose offsets are dense is checksummed but not decoded, since its header says
+        which offsets it holds. Corrupt data still raises
+        :class:`~disklesslog.CorruptDataError`. Summing ``len()`` of what it yields
+        counts the records in the range.
+        """
+        return map(attrgetter("offsets"), self.read_batches(start, end))
 
     def read(
         self, start: int | None = None, end: int | None = None, *, max_records: int | None = None

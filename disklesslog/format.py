@@ -51,6 +51,7 @@ __all__ = [
     "compression_code",
     "crc32c",
     "decode_batch",
+    "decode_unless_dense",
     "encode_batch",
     "encode_batch_borrowed",
     "encode_record",
@@ -136,6 +137,12 @@ class BatchHeader(NamedTuple):
     @property
     def compression(self) -> int:
         return self.attributes & _COMPRESSION_MASK
+
+    @property
+    def dense(self) -> bool:
+        """Whether the records hold every offset of the span (no compaction gaps), so
+        their offsets follow from the header alone."""
+        return self.record_count == self.last_offset_delta + 1
 
 
 class EncodedBatch(NamedTuple):
@@ -839,6 +846,32 @@ def decode_batch(
     checksum or structure checks: raises :class:`CorruptDataError` instead.
     """
     header = check_batch(buf, pos, max_batch_bytes=max_batch_bytes)
+    return header, _decode_checked(buf, pos, header, base_offset)
+
+
+def decode_unless_dense(
+    buf: Any,
+    pos: int,
+    base_offset: int,
+    *,
+    max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES,
+) -> tuple[BatchHeader, RecordBatch | None]:
+    """Validate the batch at ``buf[pos:]`` like :func:`decode_batch`, but decode its
+    records only if their offsets have gaps; ``None`` when they are dense.
+
+    For readers that want offsets alone: a batch whose record count equals its span
+    holds ``base_offset .. base_offset + span - 1`` (see :attr:`BatchHeader.dense`), and
+    the header saying so is covered by the checksum. Only key compaction writes
+    batches with gaps.
+    """
+    header = check_batch(buf, pos, max_batch_bytes=max_batch_bytes)
+    if header.dense:
+        return header, None
+    return header, _decode_checked(buf, pos, header, base_offset)
+
+
+def _decode_checked(buf: Any, pos: int, header: BatchHeader, base_offset: int) -> RecordBatch:
+    """Decode the body of the batch at ``buf[pos:]``, whose header passed :func:`check_batch`."""
     body: Any = memoryview(buf)[pos + HEADER_SIZE : pos + header.size]
     try:
         if header.compression == COMPRESSION_ZSTD:
@@ -859,10 +892,9 @@ def decode_batch(
     except (ValueError, TypeError, zstandard.ZstdError, msgpack.UnpackException) as exc:
         raise CorruptDataError(f"undecodable body: {exc}", position=pos) from None
     try:
-        batch = _columns_to_batch(columns, header, base_offset)
+        return _columns_to_batch(columns, header, base_offset)
     except _BadColumns as exc:
         raise CorruptDataError(f"malformed body: {exc}", position=pos) from None
-    return header, batch
 
 
 class _BadColumns(Exception):

@@ -12,7 +12,7 @@ from collections.abc import Iterator, Sequence
 from itertools import repeat
 from typing import NamedTuple
 
-__all__ = ["Header", "Headers", "Record", "RecordBatch"]
+__all__ = ["Header", "Headers", "Record", "RecordBatch", "clip_offsets", "limit_records"]
 
 Header = tuple[str, "bytes | None"]
 """One header: a text key and a binary (or null) value, as in Kafka."""
@@ -111,6 +111,39 @@ class RecordBatch:
     def to_pylist(self) -> list[Record]:
         """All records as a list (convenience for small batches and tests)."""
         return list(self.records())
+
+
+NO_RECORDS = RecordBatch((), (), (), (), ())
+"""An empty batch (what clipping a batch to a range outside it gives)."""
+
+
+def clip_offsets(offsets: Sequence[int], start: int, end: int) -> Sequence[int]:
+    """The offsets in ``[start, end)`` of an ascending sequence (a slice, so a ``range``
+    stays a ``range``)."""
+    if not offsets or (offsets[0] >= start and offsets[-1] < end):
+        return offsets
+    return offsets[_bisect_left(offsets, start) : _bisect_left(offsets, end)]
+
+
+def limit_records(batches: Iterator[RecordBatch], max_records: int | None) -> Iterator[RecordBatch]:
+    """``batches`` cut after ``max_records`` records in all (``None``: not cut). Stops
+    pulling from ``batches`` as soon as the limit is reached, so a lazy read reads no
+    further."""
+    if max_records is None:
+        return batches
+    return _limited(batches, max_records)
+
+
+def _limited(batches: Iterator[RecordBatch], remaining: int) -> Iterator[RecordBatch]:
+    if remaining <= 0:
+        return
+    for batch in batches:
+        part = batch.head(remaining)
+        remaining -= len(part)
+        if len(part):
+            yield part
+        if remaining <= 0:
+            return
 
 
 def _bisect_left(offsets: Sequence[int], target: int) -> int:

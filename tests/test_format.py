@@ -37,11 +37,12 @@ from disklesslog.format import (
     compression_code,
     crc32c,
     decode_batch,
+    decode_unless_dense,
     encode_batch,
     encode_record,
     now_ms,
 )
-from disklesslog.records import Record, RecordBatch
+from disklesslog.records import Record, RecordBatch, clip_offsets, limit_records
 
 TS = 1_700_000_000_000
 PREFIX = struct.Struct("<IBI")
@@ -1084,6 +1085,45 @@ def test_record_batch_between(make: Any) -> None:
             assert part.to_pylist() == expected, (start, end)
             assert list(part.offsets) == [o for o in offsets if start <= o < end]
     assert batch.between(0, 1000) is batch
+
+
+@pytest.mark.parametrize("make", [gapped_batch, dense_batch])
+def test_clip_offsets_agrees_with_between(make: Any) -> None:
+    offsets = make().offsets
+    for start in range(95, 112):
+        for end in range(start, 112):
+            clipped = clip_offsets(offsets, start, end)
+            assert list(clipped) == list(make().between(start, end).offsets), (start, end)
+            assert type(clipped) is type(offsets)  # a range stays a range
+
+
+def test_limit_records_cuts_and_stops_pulling() -> None:
+    pulled: list[int] = []
+
+    def batches() -> Any:
+        for base in (0, 10, 20, 30):
+            pulled.append(base)
+            yield RecordBatch(range(base, base + 10), [1] * 10, [None] * 10, [b""] * 10, [()] * 10)
+
+    got = list(limit_records(batches(), 15))
+    assert [list(b.offsets) for b in got] == [list(range(10)), list(range(10, 15))]
+    assert pulled == [0, 10]  # nothing read past the limit
+    assert list(limit_records(batches(), 0)) == []
+    assert sum(map(len, limit_records(batches(), None))) == 40
+
+
+def test_decode_unless_dense() -> None:
+    dense = encode_batch([b"a", b"b", b"c"], timestamps=TS).data
+    header, batch = decode_unless_dense(dense, 0, 7)
+    assert header.dense and batch is None and header.span == 3
+    gapped = encode_batch([b"a", b"b"], timestamps=TS, offset_deltas=[1, 4], last_offset_delta=9)
+    header, batch = decode_unless_dense(gapped.data, 0, 50)
+    assert not header.dense and batch is not None and list(batch.offsets) == [51, 54]
+    # The checksum is verified whether or not the body is decoded.
+    flipped = bytearray(dense)
+    flipped[-1] ^= 0x01
+    with pytest.raises(CorruptDataError, match="CRC-32C"):
+        decode_unless_dense(bytes(flipped), 0, 7)
 
 
 def test_record_batch_head() -> None:

@@ -36,6 +36,7 @@ from ..maintenance.report import MaintenanceReport, Progress
 from ..maintenance.retention import Unit
 from ..markers import MARKER, check_marker, marker_bytes
 from ..metrics import Metrics
+from ..projection import OFFSETS
 from ..records import RecordBatch
 from ..sequencers import Sequencer, open_sequencer
 from ..sequencers.base import BatchLocation
@@ -446,6 +447,13 @@ class ObjectStream(Stream):
         self._log._check_open()
         check_read_arguments(start, end, max_records)
         return reader.read_batches(self._log, self._name, start, end, max_records)
+
+    def read_offsets(
+        self, start: int | None = None, end: int | None = None
+    ) -> Iterator[Sequence[int]]:
+        self._log._check_open()
+        check_read_arguments(start, end, None)
+        return reader.read(self._log, self._name, start, end, OFFSETS)
 
     def offset_for_time(self, timestamp_ms: int) -> int | None:
         self._log._check_open()

@@ -3,7 +3,8 @@
 ``find_batches`` pages through a stream's batch locations; consecutive locations in one
 object (close enough together) are fetched as one byte range through the process-wide
 block cache; every batch is checked against its checksum *and* its coordinates, then
-decoded into columns. The first page fixes the end offset: a read returns what was
+decoded into columns (for a read of offsets alone, only where they have gaps; see
+:mod:`disklesslog.projection`). The first page fixes the end offset: a read returns what was
 committed when it started.
 
 Offsets may have no record: key compaction drops records (a batch's span may exceed its
@@ -22,17 +23,26 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ..errors import CorruptDataError, DataLossError
-from ..format import BatchHeader, decode_batch
-from ..records import RecordBatch
+from ..format import BatchHeader
+from ..projection import COLUMNS, Part, Projection
+from ..records import RecordBatch, limit_records
 from ..sequencers.base import BatchLocation, BatchPage
 
 if TYPE_CHECKING:
     from .log import ObjectLog
 
-__all__ = ["COALESCE_GAP", "Run", "check_coordinates", "offset_for_time", "read_batches", "runs"]
+__all__ = [
+    "COALESCE_GAP",
+    "Run",
+    "check_coordinates",
+    "offset_for_time",
+    "read",
+    "read_batches",
+    "runs",
+]
 
 PAGE_BYTES = 8 << 20
 """Bytes of batch locations asked for per ``find_batches`` call."""
@@ -54,21 +64,29 @@ def read_batches(
     log: ObjectLog, stream: str, start: int | None, end: int | None, max_records: int | None
 ) -> Iterator[RecordBatch]:
     """Batches covering ``[start, end)``, clipped; range errors raise now, reads are lazy."""
+    return limit_records(read(log, stream, start, end, COLUMNS), max_records)
+
+
+def read(
+    log: ObjectLog, stream: str, start: int | None, end: int | None, projection: Projection[Part]
+) -> Iterator[Part]:
+    """What ``projection`` takes from the records of ``[start, end)``, batch by batch
+    (empty parts left out); range errors raise now, reads are lazy."""
     sequencer = log.sequencer
     if start is None:
         start = sequencer.stream_info(stream).start_offset
     page = sequencer.find_batches(stream, start, PAGE_BYTES)
     hi = page.end_offset if end is None else min(end, page.end_offset)
-    return _read(log, stream, page, start, hi, max_records)
+    return _read(log, stream, page, start, hi, projection)
 
 
 def _read(
-    log: ObjectLog, stream: str, page: BatchPage, lo: int, hi: int, remaining: int | None
-) -> Iterator[RecordBatch]:
+    log: ObjectLog, stream: str, page: BatchPage, lo: int, hi: int, projection: Projection[Part]
+) -> Iterator[Part]:
     config = log._stream_config(stream, create=False)
     max_batch_bytes = config.max_batch_bytes if config else 1 << 31
     missing: tuple[str, int] | None = None  # the object found missing, at offset lo
-    while lo < hi and remaining != 0:
+    while lo < hi:
         wanted = [b for b in page.batches if b.base_offset < hi and b.last_offset >= lo]
         if not wanted:
             return
@@ -84,15 +102,12 @@ def _read(
                 log._metrics.add("stale_locations")
                 break
             for location in run.batches:
-                batch = _decode(data, run, location, max_batch_bytes)
-                part = batch.between(lo, hi)
-                if remaining is not None:
-                    part = part.head(remaining)
-                    remaining -= len(part)
+                header, batch = _decode(data, run, location, max_batch_bytes, projection)
+                part = projection.clip(location.base_offset, header, batch, lo, hi)
                 lo = location.last_offset + 1
                 if len(part):
                     yield part
-                if remaining == 0 or lo >= hi:
+                if lo >= hi:
                     return
         page = log.sequencer.find_batches(stream, lo, PAGE_BYTES)
 
@@ -120,7 +135,13 @@ def runs(
     return found
 
 
-def _decode(data: bytes, run: Run, location: BatchLocation, max_batch_bytes: int) -> RecordBatch:
+def _decode(
+    data: bytes,
+    run: Run,
+    location: BatchLocation,
+    max_batch_bytes: int,
+    projection: Projection[Any],
+) -> tuple[BatchHeader, RecordBatch | None]:
     at = location.position - run.start
     source = f"object {location.object_key}"
     if len(data) < at + location.size:
@@ -131,13 +152,13 @@ def _decode(data: bytes, run: Run, location: BatchLocation, max_batch_bytes: int
             position=location.position,
         )
     try:
-        header, batch = decode_batch(
+        header, batch = projection.decode(
             data, at, location.base_offset, max_batch_bytes=max_batch_bytes
         )
     except CorruptDataError as exc:
         raise exc.located(source, run.start) from None
     check_coordinates(header, location)
-    return batch
+    return header, batch
 
 
 def check_coordinates(header: BatchHeader, location: BatchLocation) -> None:

@@ -55,7 +55,8 @@ from ..maintenance.grace import resolve_grace
 from ..maintenance.report import MaintenanceReport, Progress
 from ..maintenance.retention import Unit
 from ..metrics import Metrics
-from ..records import RecordBatch
+from ..projection import COLUMNS, OFFSETS, Part, Projection
+from ..records import RecordBatch, limit_records
 from ..sequencers.base import TransactionResult
 from ..transactions import StagedPart
 from ..writer import Writer
@@ -686,19 +687,29 @@ class SegmentStream(Stream):
         self, start: int | None = None, end: int | None = None, *, max_records: int | None = None
     ) -> Iterator[RecordBatch]:
         check_read_arguments(start, end, max_records)
+        return limit_records(self._read(start, end, COLUMNS), max_records)
 
-        def read(store: StreamStore) -> Iterator[RecordBatch]:
+    def read_offsets(
+        self, start: int | None = None, end: int | None = None
+    ) -> Iterator[Sequence[int]]:
+        check_read_arguments(start, end, None)
+        return self._read(start, end, OFFSETS)
+
+    def _read(
+        self, start: int | None, end: int | None, projection: Projection[Part]
+    ) -> Iterator[Part]:
+        def read(store: StreamStore) -> Iterator[Part]:
             tiered = self._tier_reads(store)
             if tiered is None:
                 try:
-                    return reader.read_batches(store, start, end, max_records)
+                    return reader.read(store, start, end, projection)
                 except OffsetOutOfRange:
                     # Below the local start: tiered by a process that began tiering
                     # this log after it was opened here, within the last second?
                     tiered = self._tier_reads(store, now=True)
                     if tiered is None:
                         raise
-            return tiered.read_batches(store, start, end, max_records)
+            return tiered.read(store, start, end, projection)
 
         return self._log._with_store(self._name, read, create=False)
 

@@ -1,4 +1,4 @@
-"""Reading a local stream: records by offset range, and the first offset at a time.
+"""Reading a local stream: records (or offsets) by offset range, and the first offset at a time.
 
 Both work on a :class:`~disklesslog.segments.store.Snapshot`, so a read sees the
 stream as it was when it started (records appended later wait for the next read) and
@@ -16,13 +16,15 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Iterator
+from typing import Any
 
 from ..errors import CorruptDataError, OffsetOutOfRange
-from ..records import RecordBatch
+from ..projection import COLUMNS, Part, Projection
+from ..records import RecordBatch, limit_records
 from .segment import DECODE, Entry, Segment, SegmentReplaced, iter_entries
 from .store import Snapshot, StreamStore
 
-__all__ = ["offset_for_time", "read_batches"]
+__all__ = ["offset_for_time", "read", "read_batches"]
 
 log = logging.getLogger("disklesslog")
 
@@ -49,6 +51,19 @@ def read_batches(
     Checks the range now (raising :class:`OffsetOutOfRange`) and reads lazily. Only
     the stable part of the stream is read, unless ``raw`` (see :meth:`StreamStore.snapshot`).
     """
+    return limit_records(read(store, start, end, COLUMNS, raw=raw), max_records)
+
+
+def read(
+    store: StreamStore,
+    start: int | None,
+    end: int | None,
+    projection: Projection[Part],
+    *,
+    raw: bool = False,
+) -> Iterator[Part]:
+    """What ``projection`` takes from the records of ``[start, end)``, batch by batch
+    (empty parts left out); the range is checked now, reading is lazy."""
     snap = store.snapshot(raw=raw)
     lo = snap.start_offset if start is None else start
     if not snap.start_offset <= lo <= snap.end_offset:
@@ -59,36 +74,29 @@ def read_batches(
             end_offset=snap.end_offset,
         )
     hi = snap.end_offset if end is None else min(end, snap.end_offset)
-    return _read(store, snap, lo, hi, max_records, raw)
+    return _read(store, snap, lo, hi, projection, raw)
 
 
 def _read(
-    store: StreamStore, snap: Snapshot, lo: int, hi: int, remaining: int | None, raw: bool
-) -> Iterator[RecordBatch]:
+    store: StreamStore, snap: Snapshot, lo: int, hi: int, projection: Projection[Part], raw: bool
+) -> Iterator[Part]:
     stale = 0
     while True:
         try:
             for seg, seg_end, end_pos in _segments_from(store, snap, lo):
-                if lo >= hi or remaining == 0:
+                if lo >= hi:
                     return
                 expected = None
-                for _, base, header, batch in _entries(store, seg, lo, end_pos):
+                for _, base, header, batch in _entries(store, seg, lo, end_pos, projection):
                     expected = base + header.span
-                    if batch is None:
-                        continue
                     if base >= hi:
                         return
-                    store.metrics.add("read_batches")
-                    part = batch.between(lo, hi)
-                    if remaining is not None:
-                        part = part.head(remaining)
-                        remaining -= len(part)
+                    part = projection.clip(base, header, batch, lo, hi)
                     if len(part):
+                        store.metrics.add("read_batches")
                         stale = 0
                         yield part
-                    if remaining == 0:
-                        return
-                    lo = expected
+                    lo = max(lo, expected)
                 _check_end(store, seg, seg_end, end_pos, expected, lo)
                 lo = max(lo, seg_end)
             return
@@ -184,8 +192,15 @@ def _segments_from(
         yield seg, seg_end, end_pos
 
 
-def _entries(store: StreamStore, seg: Segment, offset: int, end_pos: int) -> Iterator[Entry]:
-    """Decoded entries of ``seg`` from the one holding ``offset`` (found via the index).
+def _entries(
+    store: StreamStore,
+    seg: Segment,
+    offset: int,
+    end_pos: int,
+    projection: Projection[Any] = COLUMNS,
+) -> Iterator[Entry]:
+    """Entries of ``seg`` from the one holding ``offset`` (found via the index), decoded
+    as ``projection`` needs.
 
     An index is only a hint: if the entry it points at is not valid, the segment is
     read from its start instead, so a damaged index never fails a read of good data.
@@ -193,14 +208,14 @@ def _entries(store: StreamStore, seg: Segment, offset: int, end_pos: int) -> Ite
     pos, base = seg.position_for(offset)
     fd = _open_segment(seg)
     try:
-        entries = _walk(store, fd, seg, pos, base, end_pos, offset)
+        entries = _walk(store, fd, seg, pos, base, end_pos, offset, projection)
         try:
             first = next(entries, None)
         except CorruptDataError as exc:
             if pos == 0:
                 raise
             log.warning("index of %s points at a bad entry (%s); scanning", seg.log_path, exc)
-            entries = _walk(store, fd, seg, 0, seg.base, end_pos, offset)
+            entries = _walk(store, fd, seg, 0, seg.base, end_pos, offset, projection)
             first = next(entries, None)
         if first is not None:
             yield first
@@ -210,7 +225,14 @@ def _entries(store: StreamStore, seg: Segment, offset: int, end_pos: int) -> Ite
 
 
 def _walk(
-    store: StreamStore, fd: int, seg: Segment, pos: int, base: int, end_pos: int, offset: int
+    store: StreamStore,
+    fd: int,
+    seg: Segment,
+    pos: int,
+    base: int,
+    end_pos: int,
+    offset: int,
+    projection: Projection[Any],
 ) -> Iterator[Entry]:
     max_batch_bytes = store.config.max_batch_bytes
     return iter_entries(
@@ -222,6 +244,7 @@ def _walk(
         max_batch_bytes=max_batch_bytes,
         mode=DECODE,
         skip_below=offset,
+        decode=projection.decode,
     )
 
 

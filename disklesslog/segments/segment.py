@@ -75,15 +75,17 @@ def iter_entries(
     max_batch_bytes: int,
     mode: str,
     skip_below: int = -1,
+    decode: Callable[..., tuple[BatchHeader, RecordBatch | None]] = decode_batch,
 ) -> Iterator[Entry]:
     """Walk the entries of a segment file from byte ``start`` to byte ``end``.
 
     ``fd`` is an open file, or a function ``read(size, position) -> bytes`` in its
     place (tiered segments are read that way, through the block cache).
 
-    Yields ``(position, base_offset, span, header, batch)``. ``mode`` is ``PEEK``
+    Yields ``(position, base_offset, header, batch)``. ``mode`` is ``PEEK``
     (header read without checksum: for data verified before), ``CHECK`` (checksummed
-    with :func:`check_batch`) or ``DECODE`` (checksummed and decoded into ``batch``).
+    with :func:`check_batch`) or ``DECODE`` (checksummed and decoded into ``batch`` by
+    ``decode``: :func:`decode_batch`, or what a read's projection needs).
     Entries whose offsets all lie below ``skip_below`` are only peeked. The chain of
     base offsets is checked in every mode. Raises :class:`IncompleteBatchError` when an
     entry runs past ``end`` or the file, :class:`CorruptDataError` for anything
@@ -125,7 +127,7 @@ def iter_entries(
             if mode == PEEK or last < skip_below:
                 header = peek_header(buf, at, max_batch_bytes=max_batch_bytes)
             elif mode == DECODE:
-                header, batch = decode_batch(buf, at, base, max_batch_bytes=max_batch_bytes)
+                header, batch = decode(buf, at, base, max_batch_bytes=max_batch_bytes)
             else:
                 header = check_batch(buf, at, max_batch_bytes=max_batch_bytes)
             yield pos, base, header, batch

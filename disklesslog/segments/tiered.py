@@ -30,11 +30,13 @@ from bisect import bisect_left, bisect_right
 from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 from ..errors import CorruptDataError, DataLossError, IncompleteBatchError, OffsetOutOfRange
 from ..format import crc32c
 from ..maintenance.retention import Unit
-from ..records import RecordBatch
+from ..projection import COLUMNS, Part, Projection
+from ..records import RecordBatch, limit_records
 from . import reader
 from .index import OFFSET_ENTRY, TIME_ENTRY
 from .manifest import Manifest, ManifestCache, TieredObject, TieredSegment
@@ -116,6 +118,13 @@ class TieredReader:
     ) -> Iterator[RecordBatch]:
         """Batches of ``[start, end)`` across the tiered and the local part; the range is
         checked now, reading is lazy (see :func:`reader.read_batches`)."""
+        return limit_records(self.read(store, start, end, COLUMNS), max_records)
+
+    def read(
+        self, store: StreamStore, start: int | None, end: int | None, projection: Projection[Part]
+    ) -> Iterator[Part]:
+        """What ``projection`` takes from the records of ``[start, end)``, across the
+        tiered and the local part (see :func:`reader.read`)."""
         v = self.view(store)
         lo = v.start_offset if start is None else start
         if not v.start_offset <= lo <= v.end_offset:
@@ -125,29 +134,21 @@ class TieredReader:
                 end_offset=v.end_offset,
             )
         hi = v.end_offset if end is None else min(end, v.end_offset)
-        return self._read(store, v, lo, hi, max_records)
+        return self._read(store, v, lo, hi, projection)
 
     def _read(
-        self, store: StreamStore, v: View, lo: int, hi: int, remaining: int | None
-    ) -> Iterator[RecordBatch]:
-        while lo < hi and remaining != 0:
+        self, store: StreamStore, v: View, lo: int, hi: int, projection: Projection[Part]
+    ) -> Iterator[Part]:
+        while lo < hi:
             if lo < v.local_start:
                 seg = v.segment_at(lo)
                 stop = min(hi, v.local_start, seg.end_offset)
-                for batch in self._segment_batches(store, seg, lo, stop):
-                    part = batch if remaining is None else batch.head(remaining)
-                    if remaining is not None:
-                        remaining -= len(part)
-                    yield part
-                    if remaining == 0:
-                        return
+                yield from self._segment_parts(store, seg, lo, stop, projection)
                 lo = stop
                 continue
             try:
-                for part in reader.read_batches(store, lo, hi, remaining):
-                    if remaining is not None:
-                        remaining -= len(part)
-                    lo = part.offsets[-1] + 1
+                for part in reader.read(store, lo, hi, projection):
+                    lo = projection.offsets(part)[-1] + 1
                     yield part
                 return
             except OffsetOutOfRange:
@@ -158,21 +159,32 @@ class TieredReader:
                     raise self._trimmed(store, lo, fresh) from None
                 v = fresh
 
-    def _segment_batches(
-        self, store: StreamStore, seg: TieredSegment, lo: int, hi: int
-    ) -> Iterator[RecordBatch]:
-        """Batches of one tiered segment clipped to ``[lo, hi)``."""
-        for _, base, _, batch in self._entries(store, seg, lo):
+    def _segment_parts(
+        self,
+        store: StreamStore,
+        seg: TieredSegment,
+        lo: int,
+        hi: int,
+        projection: Projection[Part],
+    ) -> Iterator[Part]:
+        """What ``projection`` takes from one tiered segment, clipped to ``[lo, hi)``."""
+        for _, base, header, batch in self._entries(store, seg, lo, projection):
             if base >= hi:
                 return
-            if batch is not None:
-                part = batch.between(lo, hi)
-                if len(part):
-                    yield part
+            part = projection.clip(base, header, batch, lo, hi)
+            if len(part):
+                yield part
 
-    def _entries(self, store: StreamStore, seg: TieredSegment, offset: int) -> Iterator[Entry]:
-        """Decoded entries of a tiered segment from the one holding ``offset``: those
-        below it are only peeked. Checks that the entries end at the segment's end."""
+    def _entries(
+        self,
+        store: StreamStore,
+        seg: TieredSegment,
+        offset: int,
+        projection: Projection[Any] = COLUMNS,
+    ) -> Iterator[Entry]:
+        """Entries of a tiered segment from the one holding ``offset``, decoded as
+        ``projection`` needs: those below it are only peeked. Checks that the entries
+        end at the segment's end."""
         key, size = seg.log.key, seg.log.size
         source = self.tier.object_url(key)
 
@@ -193,6 +205,7 @@ class TieredReader:
                     max_batch_bytes=store.config.max_batch_bytes,
                     mode=DECODE,
                     skip_below=offset,
+                    decode=projection.decode,
                 ):
                     expected = entry[1] + entry[2].span
                     yield entry
@@ -234,7 +247,7 @@ class TieredReader:
                 with self._reading(store, seg, seg.base_offset):
                     hint = self._index(seg.timeindex, TIME_ENTRY).below(timestamp)
                 lo = max(v.start_offset, seg.base_offset + (hint[1] if hint else 0))
-                for batch in self._segment_batches(store, seg, lo, v.local_start):
+                for batch in self._segment_parts(store, seg, lo, v.local_start, COLUMNS):
                     for offset, ts in zip(batch.offsets, batch.timestamps):
                         if ts >= timestamp:
                             return offset

@@ -13,6 +13,7 @@ import logging
 from array import array
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from operator import attrgetter
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -21,6 +22,7 @@ from pyspark.sql.types import StructType
 
 from ..api import AbstractLog, Stream
 from ..errors import ConfigError, OffsetOutOfRange, StreamNotFound
+from ..projection import Part
 from ..records import RecordBatch
 from .options import EARLIEST, LATEST, LogOptions, OffsetSpec, ReadOptions
 from .schema import arrow_schema, read_schema
@@ -29,8 +31,10 @@ __all__ = [
     "BatchReader",
     "StreamRange",
     "check_schema",
+    "offsets_to_arrow",
     "read_partition",
     "read_range",
+    "read_range_offsets",
     "selected_streams",
     "split_range",
     "start_offset_for",
@@ -189,18 +193,47 @@ def read_range(
     """The records of ``part``, as the log's column batches. Records trimmed while the
     read was planned or running follow the ``failOnDataLoss`` rule."""
     stream = log.stream(part.stream)
+    return _resuming(stream.read_batches, part, fail_on_data_loss, attrgetter("offsets"))
+
+
+def read_range_offsets(
+    log: AbstractLog, part: StreamRange, fail_on_data_loss: bool
+) -> Iterator[Sequence[int]]:
+    """The offsets of ``part``'s records (:meth:`Stream.read_offsets`: dense batches are
+    not decoded), for reads that want no column but ``stream`` and ``offset``."""
+    stream = log.stream(part.stream)
+    return _resuming(stream.read_offsets, part, fail_on_data_loss, _same)
+
+
+def _same(offsets: Sequence[int]) -> Sequence[int]:
+    return offsets
+
+
+def _resuming(
+    read: Callable[[int, int], Iterator[Part]],
+    part: StreamRange,
+    fail_on_data_loss: bool,
+    offsets_of: Callable[[Part], Sequence[int]],
+) -> Iterator[Part]:
+    """``read(start, end)`` over ``part``, going on past records trimmed under it as
+    ``failOnDataLoss`` says."""
     position = part.start
     while position < part.end:
         try:
-            for batch in stream.read_batches(position, part.end):
-                if len(batch):
-                    yield batch
-                    position = batch.offsets[-1] + 1
+            for item in read(position, part.end):
+                offsets = offsets_of(item)
+                if len(offsets):
+                    yield item
+                    position = offsets[-1] + 1
             return
         except OffsetOutOfRange as exc:
             if exc.start_offset <= position:
                 raise
             position = check_not_lost(part.stream, position, exc.start_offset, fail_on_data_loss)
+
+
+OFFSET_COLUMNS = frozenset({"stream", "offset"})
+"""Columns a read can answer from offsets alone."""
 
 
 def to_arrow(
@@ -212,20 +245,69 @@ def to_arrow(
     Arrow once per up to :data:`MAX_ROWS_PER_ARROW_BATCH` rows, so no Python code runs
     per record.
     """
+    return _gather(batches, stream, schema, _Columns.add)
+
+
+def offsets_to_arrow(
+    parts: Iterator[Sequence[int]], stream: str, schema: pa.Schema
+) -> Iterator[pa.RecordBatch]:
+    """Arrow record batches of ``schema`` (columns from :data:`OFFSET_COLUMNS` only)
+    from offsets alone: a run of dense offsets becomes one C-level ``first + 0, 1, ...``
+    without a Python int per record."""
+    if not set(schema.names) <= OFFSET_COLUMNS:
+        raise ValueError(f"offsets give only {sorted(OFFSET_COLUMNS)}, not {schema.names}")
+    return _gather(parts, stream, schema, _Columns.add_offsets)
+
+
+def _gather(
+    items: Iterator[Part],
+    stream: str,
+    schema: pa.Schema,
+    add: Callable[[_Columns, Part], None],
+) -> Iterator[pa.RecordBatch]:
     wanted = frozenset(schema.names)
     columns = _Columns(wanted)
-    for batch in batches:
-        columns.add(batch)
-        if len(columns.offsets) >= MAX_ROWS_PER_ARROW_BATCH or (
+    for item in items:
+        add(columns, item)
+        if columns.offsets.count >= MAX_ROWS_PER_ARROW_BATCH or (
             columns.size >= MAX_BYTES_PER_ARROW_BATCH
         ):
             yield columns.to_arrow(stream, schema)
             columns = _Columns(wanted)
-    if columns.offsets:
+    if columns.offsets.count:
         yield columns.to_arrow(stream, schema)
 
 
 _TIMESTAMP_MS = pa.timestamp("ms", tz="UTC")
+
+
+class _OffsetColumn:
+    """The offsets of one Arrow batch: while they are dense, only the first and the
+    count (no Python int per record); a C array of them once a gap appears."""
+
+    def __init__(self) -> None:
+        self.first = 0
+        self.count = 0
+        self.listed: array[int] | None = None
+
+    def add(self, offsets: Sequence[int]) -> None:
+        if not offsets:
+            return
+        if self.listed is None and type(offsets) is range:
+            if not self.count:
+                self.first = offsets[0]
+            if offsets[0] == self.first + self.count:
+                self.count += len(offsets)
+                return
+        if self.listed is None:
+            self.listed = array("q", range(self.first, self.first + self.count))
+        self.listed.extend(offsets)
+        self.count += len(offsets)
+
+    def to_arrow(self) -> pa.Array:
+        if self.listed is None:  # the common case: first offset + 0, 1, 2... in one C loop
+            return pc.add(_iota(self.count), self.first)
+        return pa.Array.from_buffers(pa.int64(), self.count, [None, pa.py_buffer(self.listed)])
 
 
 class _Columns:
@@ -236,19 +318,16 @@ class _Columns:
         self.wanted = wanted
         self.keys: list[bytes | None] = []
         self.values: list[bytes | None] = []
-        self.offsets: list[int] = []
-        self.dense = True  # offsets are consecutive (no compaction gaps)
+        self.offsets = _OffsetColumn()
         self.timestamps: list[int] = []
         self.headers: list[object] = []
         self.size = 0  # bytes of values
 
+    def add_offsets(self, offsets: Sequence[int]) -> None:
+        self.offsets.add(offsets)
+
     def add(self, batch: RecordBatch) -> None:
-        offsets = batch.offsets
-        if self.dense and not (
-            type(offsets) is range and (not self.offsets or offsets[0] == self.offsets[-1] + 1)
-        ):
-            self.dense = False
-        self.offsets += offsets
+        self.offsets.add(batch.offsets)
         wanted = self.wanted
         if "key" in wanted:
             self.keys += batch.keys
@@ -261,12 +340,12 @@ class _Columns:
             self.headers += batch.headers
 
     def to_arrow(self, stream: str, schema: pa.Schema) -> pa.RecordBatch:
-        count = len(self.offsets)
+        count = self.offsets.count
         builders: dict[str, Callable[[], pa.Array]] = {
             "key": lambda: pa.array(self.keys, pa.binary()),
             "value": lambda: pa.array(self.values, pa.binary()),
             "stream": lambda: pa.repeat(pa.scalar(stream, pa.string()), count),
-            "offset": self._offsets,
+            "offset": self.offsets.to_arrow,
             # The log keeps milliseconds; Spark wants microseconds (a checked, exact cast).
             "timestamp": lambda: _int64s(_TIMESTAMP_MS, self.timestamps).cast(
                 schema.field("timestamp").type
@@ -275,11 +354,6 @@ class _Columns:
         }
         columns = [builders[name]() for name in schema.names]
         return pa.RecordBatch.from_arrays(columns, schema=schema)
-
-    def _offsets(self) -> pa.Array:
-        if self.dense:  # the common case: first offset + 0, 1, 2... in one C loop
-            return pc.add(_iota(len(self.offsets)), self.offsets[0])
-        return _int64s(pa.int64(), self.offsets)
 
 
 def _int64s(kind: pa.DataType, values: list[int]) -> pa.Array:
@@ -302,9 +376,15 @@ def read_partition(
     log_options: LogOptions, part: StreamRange, schema: pa.Schema, fail_on_data_loss: bool
 ) -> Iterator[pa.RecordBatch]:
     """What an executor does for one partition, batch or streaming: open the log, read
-    the range as Arrow, close the log."""
+    the range as Arrow, close the log. A read of ``stream``/``offset`` columns alone
+    reads offsets, not records."""
     with log_options.open() as log:
-        yield from to_arrow(read_range(log, part, fail_on_data_loss), part.stream, schema)
+        if set(schema.names) <= OFFSET_COLUMNS:
+            offsets = read_range_offsets(log, part, fail_on_data_loss)
+            yield from offsets_to_arrow(offsets, part.stream, schema)
+        else:
+            batches = read_range(log, part, fail_on_data_loss)
+            yield from to_arrow(batches, part.stream, schema)
 
 
 class BatchReader(DataSourceReader):

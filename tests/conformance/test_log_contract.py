@@ -269,6 +269,38 @@ def test_read_batches_match_read(ten: disklesslog.Stream) -> None:
         assert list(batch.offsets) == sorted(batch.offsets)
 
 
+def test_read_offsets_match_read_batches(ten: disklesslog.Stream) -> None:
+    """``read_offsets`` yields, batch by batch, exactly the offsets ``read_batches``
+    does, and checks its arguments the same way; so does the base class's default
+    (what a third-party backend inherits)."""
+    for start, end in [(None, None), (0, 10), (2, 8), (3, None), (4, 5), (6, 2), (10, None)]:
+        expected = [list(b.offsets) for b in ten.read_batches(start, end)]
+        assert [list(part) for part in ten.read_offsets(start, end)] == expected
+        default = disklesslog.Stream.read_offsets(ten, start, end)
+        assert [list(part) for part in default] == expected
+    assert sum(map(len, ten.read_offsets())) == 10
+    # Dense batches need no decoding: their offsets come back as ranges.
+    assert all(type(part) is range for part in ten.read_offsets(1))
+    with pytest.raises(OffsetOutOfRange) as info:
+        ten.read_offsets(11)  # raised at the call, as read_batches does
+    assert (info.value.start_offset, info.value.end_offset) == (0, 10)
+    with pytest.raises(OffsetOutOfRange):
+        ten.read_offsets(-1)
+    with pytest.raises(ConfigError):
+        ten.read_offsets(0, "5")  # type: ignore[arg-type]
+
+
+def test_read_offsets_sees_what_read_sees_after_trim(log: disklesslog.Log) -> None:
+    stream = log.stream("s")
+    for i in range(6):
+        stream.append_batch([b"%d" % i] * 5)
+    stream.trim(12)
+    assert [o for part in stream.read_offsets() for o in part] == list(range(12, 30))
+    with pytest.raises(OffsetOutOfRange):
+        list(stream.read_offsets(3))
+    assert list(log.stream("s").read_offsets(30)) == []
+
+
 def test_read_is_a_snapshot(log: disklesslog.Log) -> None:
     stream = log.stream("s")
     stream.append_batch([b"a", b"b"])

@@ -140,6 +140,13 @@ def test_reads_skip_gaps_and_start_anywhere(maintenance_factory) -> None:  # typ
         assert [r.offset for r in stream.read(start)] == [o for o in offsets if o >= start]
     assert [r.offset for r in stream.read(10, 200)] == [o for o in offsets if 10 <= o < 200]
     assert [r.offset for r in stream.read(max_records=3)] == offsets[:3]
+    # Offsets alone: batches with gaps are decoded, dense ones are not; the same offsets.
+    for start, end in [(0, None), (57, None), (10, 200), (499, None)]:
+        batches = [list(b.offsets) for b in stream.read_batches(start, end)]
+        assert [list(part) for part in stream.read_offsets(start, end)] == batches
+        wanted = [o for o in offsets if o >= start and (end is None or o < end)]
+        assert [o for batch in batches for o in batch] == wanted
+    assert any(type(part) is tuple for part in stream.read_offsets())  # some have gaps
 
 
 def test_compaction_is_idempotent_and_resumes_with_new_records(maintenance_factory) -> None:  # type: ignore[no-untyped-def]

@@ -165,6 +165,9 @@ def test_reads_fall_through_to_the_tier(tmp_path: Path, target: Target) -> None:
         assert _rows(stream, start, start + 9) == ref[start : start + 9]
     batches = list(stream.read_batches(local - 4, max_records=7))
     assert [o for batch in batches for o in batch.offsets] == list(range(local - 4, local + 3))
+    for start, end in [(0, None), (local - 4, local + 3), (local, None)]:
+        expected = [list(batch.offsets) for batch in stream.read_batches(start, end)]
+        assert [list(part) for part in stream.read_offsets(start, end)] == expected
     assert [r.offset for r in stream.read(local - 4, max_records=7)] == list(
         range(local - 4, local + 3)
     )

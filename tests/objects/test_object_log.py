@@ -210,10 +210,11 @@ def test_a_corrupt_object_is_reported_with_its_name_and_position() -> None:
         data = bytearray(log.storage.fs.cat_file(path))
         data[location.position + 60] ^= 0x01
         log.storage.fs.pipe_file(path, bytes(data))
-        with pytest.raises(CorruptDataError) as info:
-            list(log.stream("s").read())
-        assert location.object_key in str(info.value.source)
-        assert info.value.position == location.position
+        for read in (log.stream("s").read, log.stream("s").read_offsets):
+            with pytest.raises(CorruptDataError) as info:
+                list(read())
+            assert location.object_key in str(info.value.source)
+            assert info.value.position == location.position
 
 
 # ------------------------------------------------------------- bad input

@@ -230,6 +230,32 @@ def test_to_arrow_builds_spark_columns() -> None:
     assert out.column("timestamp").cast("int64").to_pylist()[-1] == 2_000_000
 
 
+def test_offsets_to_arrow_builds_offset_and_stream_columns() -> None:
+    """Offsets alone make the ``offset`` and ``stream`` columns: dense runs stay a first
+    offset and a count until a gap (or a tuple from a batch with gaps) appears."""
+    import pyarrow as pa
+
+    from disklesslog.spark.read import offsets_to_arrow
+    from disklesslog.spark.schema import arrow_schema
+
+    schema = arrow_schema(read_schema(columns=("offset", "stream")))
+    cases = [
+        ([range(5, 7), range(7, 10)], [5, 6, 7, 8, 9]),
+        ([range(5, 7), (8, 11), range(12, 14)], [5, 6, 8, 11, 12, 13]),
+        ([range(2), range(4, 5)], [0, 1, 4]),
+        ([(3, 9)], [3, 9]),
+    ]
+    for parts, expected in cases:
+        [out] = offsets_to_arrow(iter(parts), "s", schema)
+        assert out.schema.equals(schema)
+        assert out.column("offset").to_pylist() == expected
+        assert out.column("stream").to_pylist() == ["s"] * len(expected)
+    assert list(offsets_to_arrow(iter([]), "s", schema)) == []
+    with pytest.raises(ValueError, match="offsets give only"):
+        offsets_to_arrow(iter([range(3)]), "s", arrow_schema(read_schema(False)))
+    assert pa.types.is_int64(schema.field("offset").type)
+
+
 def test_columns_option_picks_and_orders_columns() -> None:
     """``columns`` names a subset in the order wanted; the schema, the Arrow batches and
     their contents follow it; bad lists are refused with the valid names."""

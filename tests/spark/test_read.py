@@ -89,6 +89,28 @@ def test_columns_option_reads_only_those_columns(spark: Any, spark_log: SparkLog
     assert {bytes(r.key): r["count"] for r in counts.collect()}[b"k0"] == 3 * 4
 
 
+def test_offset_columns_are_read_from_offsets_alone(spark: Any, spark_log: SparkLog) -> None:
+    """``columns`` of ``stream``/``offset`` only read offsets (Stream.read_offsets, no
+    dense batch decoded): the same rows as a full read, across compaction gaps (batches
+    with gaps are decoded) and a partition split."""
+    with spark_log.open() as log:
+        log.create_stream("c", cleanup_policy="compact", segment_bytes=2048)
+        for round_ in range(12):
+            log.stream("c").append_batch(
+                [b"v%d-%d" % (round_, i) + b"x" * 60 for i in range(20)],
+                keys=[b"k%d" % (i % 3) for i in range(20)],
+                timestamps=1_000 + round_,
+            )
+        log.compact("c", now_ms=10**12)
+        offsets = [r.offset for r in log.stream("c").read()]
+        assert len(offsets) < 240 and any(type(p) is tuple for p in log.stream("c").read_offsets())
+    for extra in ({}, {"maxRecordsPerPartition": "37"}):
+        df = spark_log.read(spark, streams="c", columns="stream,offset", **extra)
+        assert df.columns == ["stream", "offset"]
+        assert sorted((r.stream, r.offset) for r in df.collect()) == [("c", o) for o in offsets]
+        assert spark_log.read(spark, streams="c", columns="offset", **extra).count() == len(offsets)
+
+
 def test_offset_options(spark: Any, spark_log: SparkLog) -> None:
     with spark_log.open() as log:
         records = _fill(log)
