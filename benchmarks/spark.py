@@ -20,7 +20,8 @@ the Parquet file has 4 row groups for the same reason. Spark answers a Parquet
 always reads and ships every column: the count rows measure that gap, the groupBy rows
 a query that reads the data on both sides. A third baseline, ``floor``, is a Python data
 source that yields pre-built Arrow batches of the same columns (nothing read or
-decoded): what the Python data source path itself costs.
+decoded): what the Python data source path itself costs, over all columns and over the
+one column the ``columns`` variants read.
 """
 
 from __future__ import annotations
@@ -132,6 +133,9 @@ def _register_floor(spark: Any, records: int) -> None:
     from disklesslog.spark.schema import arrow_schema, read_schema
 
     class FloorReader(DataSourceReader):
+        def __init__(self, schema: Any) -> None:
+            self.schema = schema
+
         def partitions(self) -> list[InputPartition]:
             return [InputPartition(i) for i in range(PARTITIONS)]
 
@@ -139,36 +143,49 @@ def _register_floor(spark: Any, records: int) -> None:
             import pyarrow as pa
 
             rows = 65_536
-            columns = [
-                pa.array([b"key-%04d" % (i % KEYS) for i in range(rows)], pa.binary()),
-                pa.array([os.urandom(VALUE_SIZE)] * rows, pa.binary()),
-                pa.repeat(pa.scalar(STREAM, pa.string()), rows),
-                pa.array(range(rows), pa.int64()),
-                pa.array([0] * rows, pa.timestamp("us", tz="UTC")),
-            ]
-            batch = pa.RecordBatch.from_arrays(columns, schema=arrow_schema(read_schema(False)))
+            columns = {
+                "key": pa.array([b"key-%04d" % (i % KEYS) for i in range(rows)], pa.binary()),
+                "value": pa.array([os.urandom(VALUE_SIZE)] * rows, pa.binary()),
+                "stream": pa.repeat(pa.scalar(STREAM, pa.string()), rows),
+                "offset": pa.array(range(rows), pa.int64()),
+                "timestamp": pa.array([0] * rows, pa.timestamp("us", tz="UTC")),
+            }
+            batch = pa.RecordBatch.from_arrays(
+                [columns[name] for name in self.schema.fieldNames()],
+                schema=arrow_schema(self.schema),
+            )
             left = records // PARTITIONS
             while left > 0:
                 yield batch.slice(0, min(rows, left))
                 left -= rows
 
     class Floor(DataSource):
+        """Options: ``columns`` as disklesslog's (a comma-separated subset)."""
+
         @classmethod
         def name(cls) -> str:
             return "floor"
 
         def schema(self) -> Any:
+            columns = self.options.get("columns")
+            if columns:
+                return read_schema(columns=tuple(columns.split(",")))
             return read_schema(False)
 
         def reader(self, schema: Any) -> FloorReader:
-            return FloorReader()
+            return FloorReader(schema)
 
     spark.dataSource.register(Floor)
 
 
 @contextmanager
-def floor_read(work: Path, data: SparkData, *, query: str) -> Iterator[Callable[[], None]]:
-    yield lambda: _query(data.spark.read.format("floor").load(), query, data.records)
+def floor_read(
+    work: Path, data: SparkData, *, query: str, columns: str | None = None
+) -> Iterator[Callable[[], None]]:
+    options = {} if columns is None else {"columns": columns}
+    yield lambda: _query(
+        data.spark.read.format("floor").options(**options).load(), query, data.records
+    )
 
 
 @contextmanager
@@ -234,6 +251,16 @@ def spark_group(plan: Any) -> Group:
         # The columns option: what the query needs, as column pruning would give it.
         # columns=offset reads offsets alone (Stream.read_offsets: no batch decoded).
         columns = "offset" if query == "count" else "key"
+        variants.append(
+            Variant(
+                f"Python data source floor, columns={columns}, {label}",
+                "baseline",
+                partial(floor_read, query=query, columns=columns),
+                records,
+                records * VALUE_SIZE,
+                note="pre-built Arrow batches of that one column",
+            )
+        )
         for backend, where in (("segments", "local segments"), ("objects", "file:// objects")):
             variants.append(
                 Variant(
