@@ -143,15 +143,17 @@ def _register_floor(spark: Any, records: int) -> None:
             import pyarrow as pa
 
             rows = 65_536
-            columns = {
-                "key": pa.array([b"key-%04d" % (i % KEYS) for i in range(rows)], pa.binary()),
-                "value": pa.array([os.urandom(VALUE_SIZE)] * rows, pa.binary()),
-                "stream": pa.repeat(pa.scalar(STREAM, pa.string()), rows),
-                "offset": pa.array(range(rows), pa.int64()),
-                "timestamp": pa.array([0] * rows, pa.timestamp("us", tz="UTC")),
+            columns = {  # built only if the schema has them
+                "key": lambda: pa.array(
+                    [b"key-%04d" % (i % KEYS) for i in range(rows)], pa.binary()
+                ),
+                "value": lambda: pa.array([os.urandom(VALUE_SIZE)] * rows, pa.binary()),
+                "stream": lambda: pa.repeat(pa.scalar(STREAM, pa.string()), rows),
+                "offset": lambda: pa.array(range(rows), pa.int64()),
+                "timestamp": lambda: pa.array([0] * rows, pa.timestamp("us", tz="UTC")),
             }
             batch = pa.RecordBatch.from_arrays(
-                [columns[name] for name in self.schema.fieldNames()],
+                [columns[name]() for name in self.schema.fieldNames()],
                 schema=arrow_schema(self.schema),
             )
             left = records // PARTITIONS
