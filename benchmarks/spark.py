@@ -239,17 +239,6 @@ def spark_group(plan: Any) -> Group:
                 note="yields one Arrow batch repeatedly: no read, no decode",
             )
         )
-        for backend, where in (("segments", "local segments"), ("objects", "file:// objects")):
-            variants.append(
-                Variant(
-                    f"disklesslog {where}, {label}",
-                    "subject",
-                    partial(disklesslog_read, query=query, backend=backend),
-                    records,
-                    records * VALUE_SIZE,
-                    vs=baseline,
-                )
-            )
         # The columns option: what the query needs, as column pruning would give it.
         # columns=offset reads offsets alone (Stream.read_offsets: no batch decoded).
         columns = "offset" if query == "count" else "key"
@@ -263,18 +252,20 @@ def spark_group(plan: Any) -> Group:
                 note="pre-built Arrow batches of that one column",
             )
         )
-        for backend, where in (("segments", "local segments"), ("objects", "file:// objects")):
-            variants.append(
-                Variant(
-                    f"disklesslog {where}, columns={columns}, {label}",
-                    "subject",
-                    partial(disklesslog_read, query=query, backend=backend, columns=columns),
-                    records,
-                    records * VALUE_SIZE,
-                    vs=baseline,
-                    note="the columns option: only the column the query needs",
+        for picked in (None, columns):
+            for backend, where in (("segments", "local segments"), ("objects", "file:// objects")):
+                shown = "" if picked is None else f", columns={picked}"
+                variants.append(
+                    Variant(
+                        f"disklesslog {where}{shown}, {label}",
+                        "subject",
+                        partial(disklesslog_read, query=query, backend=backend, columns=picked),
+                        records,
+                        records * VALUE_SIZE,
+                        vs=baseline,
+                        note="" if picked is None else "only the column the query needs",
+                    )
                 )
-            )
     return Group(
         key="spark-read",
         title=f"Spark batch read into a DataFrame: {records:,} records of {VALUE_SIZE} B, "

@@ -13,7 +13,6 @@ import logging
 from array import array
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from operator import attrgetter
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -22,7 +21,7 @@ from pyspark.sql.types import StructType
 
 from ..api import AbstractLog, Stream
 from ..errors import ConfigError, OffsetOutOfRange, StreamNotFound
-from ..projection import Part
+from ..projection import COLUMNS, OFFSETS, Part
 from ..records import RecordBatch
 from .options import EARLIEST, LATEST, LogOptions, OffsetSpec, ReadOptions
 from .schema import arrow_schema, read_schema
@@ -193,7 +192,7 @@ def read_range(
     """The records of ``part``, as the log's column batches. Records trimmed while the
     read was planned or running follow the ``failOnDataLoss`` rule."""
     stream = log.stream(part.stream)
-    return _resuming(stream.read_batches, part, fail_on_data_loss, attrgetter("offsets"))
+    return _resuming(stream.read_batches, part, fail_on_data_loss, COLUMNS.offsets)
 
 
 def read_range_offsets(
@@ -202,11 +201,7 @@ def read_range_offsets(
     """The offsets of ``part``'s records (:meth:`Stream.read_offsets`: dense batches are
     not decoded), for reads that want no column but ``stream`` and ``offset``."""
     stream = log.stream(part.stream)
-    return _resuming(stream.read_offsets, part, fail_on_data_loss, _same)
-
-
-def _same(offsets: Sequence[int]) -> Sequence[int]:
-    return offsets
+    return _resuming(stream.read_offsets, part, fail_on_data_loss, OFFSETS.offsets)
 
 
 def _resuming(
