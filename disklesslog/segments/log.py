@@ -73,6 +73,7 @@ from .layout import (
     clean_staging,
     fsync_directory,
     segment_name,
+    write_durably,
 )
 from .manifest import ManifestCache
 from .store import FSYNC_POLICIES, StreamGone, StreamStore
@@ -510,26 +511,14 @@ class SegmentLog(AbstractLog):
         return self._with_store(name, alter, create=False)
 
     def _write_config(self, directory: Path, config: StreamConfig, *, replace: bool) -> None:
-        """Write ``stream.json`` (through a temporary file and a rename when it replaces
-        one, so readers see the old or the new file, never a torn one)."""
+        """Write ``stream.json`` (by :func:`write_durably` when it replaces one, so
+        readers see the old or the new file, never a torn one)."""
         text = json.dumps({"version": _CONFIG_VERSION, "config": config.to_dict()}, indent=1)
         target = directory / CONFIG
         if not replace:
             target.write_text(text)
             return
-        draft = directory / f"{CONFIG}.{uuid.uuid4().hex}.tmp"
-        try:
-            with open(draft, "w") as f:
-                f.write(text)
-                if self._fsync != "never":
-                    f.flush()
-                    os.fsync(f.fileno())
-            os.replace(draft, target)
-        finally:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(draft)
-        if self._fsync != "never":
-            fsync_directory(directory)
+        write_durably(self.path, target, text.encode(), sync=self._fsync != "never")
 
     def _create_directory(self, name: str, config: StreamConfig) -> None:
         """Create a stream atomically: build it in ``tmp/`` and rename it into place.
