@@ -25,6 +25,7 @@ __all__ = [
     "RecordTooLarge",
     "SequencerConflict",
     "SequencerError",
+    "StorageError",
     "StreamExistsError",
     "StreamNotFound",
     "TransactionError",
@@ -127,6 +128,17 @@ class LogClosedError(DisklessLogError):
 class DataLossError(CorruptDataError):
     """Data the sequencer says exists cannot be found: an object was deleted underneath
     (by hand, or a garbage collector run with too short a grace period)."""
+
+
+class StorageError(DisklessLogError, OSError):
+    """A storage request (an object store's GET, PUT or LIST) kept failing after every
+    retry the library makes (exponential backoff with jitter): the storage is down,
+    unreachable, throttling, or refusing the credentials. Nothing is known to be lost or
+    damaged, and a failed write left nothing visible. The message names the object and
+    the last failure (also chained as ``__cause__``): retry later, and check the
+    storage's health and credentials if it persists.
+
+    Also an ``OSError``, so code that handles I/O failures generally keeps working."""
 
 
 class SequencerError(DisklessLogError):

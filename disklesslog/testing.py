@@ -38,13 +38,15 @@ depends on disklesslog can use these fixtures without importing anything:
     the same as ``local_log``.
 
 :class:`FaultyMemoryFileSystem` (protocol ``faulty-memory://``) is an in-memory fsspec
-filesystem that adds latency to PUTs and GETs and fails a given number of them: for
-testing retries, lost responses and latency without a network.
+filesystem that adds latency to PUTs and GETs, fails a given number (or a fraction) of
+them, and damages GET responses: for testing retries, lost responses, bytes damaged in
+transit and latency without a network.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import random
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -86,6 +88,10 @@ class FaultyMemoryFileSystem(MemoryFileSystem):  # type: ignore[misc]
     e.g. ``FaultyMemoryFileSystem.put_delay = 0.05`` or ``.failing_puts = 2`` (the
     next two PUTs raise ``ConnectionError``), or ``.lost_puts = 1`` (the next PUT is
     stored, then raises ``ConnectionError``: a response lost on the way back);
+    ``.failing_gets = 2`` fails the next two GETs, ``.get_failure_rate = 0.15`` each GET
+    with that probability (drawn from ``rng``, seeded by :meth:`reset`), and
+    ``.corrupt_gets = 1`` flips one bit (the lowest of the middle byte) in the bytes the
+    next GET returns, leaving the stored object intact: damage in transit.
     :meth:`reset` restores them. Counts of PUTs and GETs are kept in ``puts``/``gets``.
     """
 
@@ -95,6 +101,9 @@ class FaultyMemoryFileSystem(MemoryFileSystem):  # type: ignore[misc]
     failing_puts = 0
     lost_puts = 0
     failing_gets = 0
+    get_failure_rate = 0.0
+    corrupt_gets = 0
+    rng = random.Random(0)
     puts = 0
     gets = 0
 
@@ -106,8 +115,10 @@ class FaultyMemoryFileSystem(MemoryFileSystem):  # type: ignore[misc]
 
     @classmethod
     def reset(cls) -> None:
-        cls.put_delay = cls.get_delay = 0.0
-        cls.failing_puts = cls.lost_puts = cls.failing_gets = cls.puts = cls.gets = 0
+        cls.put_delay = cls.get_delay = cls.get_failure_rate = 0.0
+        cls.failing_puts = cls.lost_puts = cls.failing_gets = cls.corrupt_gets = 0
+        cls.puts = cls.gets = 0
+        cls.rng = random.Random(0)
 
     def pipe_file(self, path: str, value: bytes, mode: str = "overwrite", **kwargs: Any) -> None:
         type(self).puts += 1
@@ -127,10 +138,17 @@ class FaultyMemoryFileSystem(MemoryFileSystem):  # type: ignore[misc]
         type(self).gets += 1
         if self.get_delay:
             time.sleep(self.get_delay)
-        if type(self).failing_gets > 0:
-            type(self).failing_gets -= 1
+        cls = type(self)
+        if cls.failing_gets > 0 or cls.rng.random() < cls.get_failure_rate:
+            cls.failing_gets = max(0, cls.failing_gets - 1)
             raise ConnectionError(f"injected GET failure for {path}")
-        return super().cat_file(path, start=start, end=end, **kw)
+        data = super().cat_file(path, start=start, end=end, **kw)
+        if cls.corrupt_gets > 0 and data:
+            cls.corrupt_gets -= 1
+            damaged = bytearray(data)
+            damaged[len(damaged) // 2] ^= 0x01
+            return bytes(damaged)
+        return data
 
 
 fsspec.register_implementation("faulty-memory", FaultyMemoryFileSystem, clobber=True)

@@ -80,6 +80,8 @@ class ObjectLog(AbstractLog):
         self.sequencer = sequencer
         self._owns_sequencer = owns_sequencer
         self._cache = cache
+        # Blocks wait for confirm() only to go to a disk tier: without one, skip the call.
+        self._confirms = cache is not None and cache.cache_dir is not None
         self._lock = threading.Lock()
         self._configs: dict[str, StreamConfig] = {}
         self._append_writer: ObjectWriter | None = None
@@ -286,8 +288,10 @@ class ObjectLog(AbstractLog):
                 yield location
             offset = page.batches[-1].last_offset + 1
 
-    def fetch(self, key: str, start: int, end: int) -> bytes:
-        """Bytes ``[start, end)`` of an object, through the block cache."""
+    def fetch(self, key: str, start: int, end: int, *, refresh: bool = False) -> bytes:
+        """Bytes ``[start, end)`` of an object, through the block cache, for a reader that
+        checks them and then calls :meth:`confirm` or :meth:`discard`; ``refresh``
+        fetches them again straight from storage (see :class:`BlockCache`)."""
         self._metrics.add("read_ranges")
         if self._cache is None:
             return self.storage.get_range(key, start, end)
@@ -295,7 +299,27 @@ class ObjectLog(AbstractLog):
         def get(range_start: int, range_end: int) -> bytes:
             return self.storage.get_range(key, range_start, range_end)
 
-        return self._cache.read(f"{self.storage.url}/{key}", start, end, get, metrics=self._metrics)
+        return self._cache.read(
+            f"{self.storage.url}/{key}",
+            start,
+            end,
+            get,
+            metrics=self._metrics,
+            checked=True,
+            refresh=refresh,
+        )
+
+    def confirm(self, key: str, start: int, end: int) -> None:
+        """Bytes ``[start, end)`` of an object passed their checks: the cache may keep
+        the blocks holding them on disk."""
+        if self._confirms and self._cache is not None:
+            self._cache.confirm(f"{self.storage.url}/{key}", start, end)
+
+    def discard(self, key: str, start: int, end: int) -> None:
+        """Bytes ``[start, end)`` of an object failed their checks: drop them from the
+        cache."""
+        if self._cache is not None:
+            self._cache.invalidate(f"{self.storage.url}/{key}", start, end)
 
     def cache_object(self, key: str, data: bytes) -> None:
         """Insert an object this process just wrote into the cache (the hottest data)."""

@@ -13,7 +13,12 @@ segments: a second log is refused instead.
 Objects are written once under content-addressed keys (``docs/format.md`` 2.8), and a
 write counts only when it is read back with the expected size and CRC-32C. Reads go
 through the process-wide :class:`~disklesslog.objects.cache.BlockCache`, like the
-object backend's, so a tiered segment is fetched at most once per process while hot.
+object backend's, so a tiered segment is fetched at most once per process while hot;
+its readers check what they get and confirm or discard it
+(:mod:`~disklesslog.segments.tiered`). Every request is retried with the object
+backend's policy (:mod:`disklesslog.retries`): failures count in ``tier_put_errors``
+and ``tier_get_errors``, the last one is raised as :class:`~disklesslog.StorageError`,
+and a missing object is :class:`~disklesslog.DataLossError` at once.
 """
 
 from __future__ import annotations
@@ -24,19 +29,22 @@ import functools
 import json
 import logging
 import os
-import random
 import secrets
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from ..errors import ConfigError, DataLossError, DisklessLogError, InvalidURL
+from ..errors import ConfigError, DataLossError, DisklessLogError, InvalidURL, StorageError
 from ..format import crc32c
 from ..markers import MARKER, check_marker
 from ..metrics import Metrics
+from ..retries import ATTEMPTS, pause, retrying
 from .layout import TMP, fsync_directory
+
+if TYPE_CHECKING:
+    from ..objects.cache import BlockCache
 
 __all__ = ["CONFIG_FILE", "STREAMS_PREFIX", "Tier", "configure_tier", "persisted_tier_url"]
 
@@ -52,8 +60,7 @@ STREAMS_PREFIX = "streams"
 """Folder (key prefix) of every tiered object under the tier URL."""
 CHUNK = 8 << 20
 """Bytes per read and write when streaming a segment up or reading it back."""
-PUT_ATTEMPTS = 5
-RETRY_DELAY = 0.05
+T = TypeVar("T")
 
 
 # ------------------------------------------------------------ configuration
@@ -270,9 +277,16 @@ class Tier:
 
     def _read_marker(self, path: str) -> bytes | None:
         try:
-            return bytes(self.fs.cat_file(path))
+            return bytes(self._retrying(lambda: self.fs.cat_file(path), f"could not read {path}"))
         except FileNotFoundError:
             return None
+
+    def _retrying(self, call: Callable[[], T], what: str) -> T:
+        """A read request (GET, LIST), retried (failures count in ``tier_get_errors``);
+        ``FileNotFoundError`` propagates at once."""
+        return retrying(
+            call, what, metrics=self.metrics, counter="tier_get_errors", final=(FileNotFoundError,)
+        )
 
     # ---------------------------------------------------------------- writes
 
@@ -289,8 +303,9 @@ class Tier:
 
         An object already there with that size and checksum is adopted (a crashed or
         concurrent run uploaded it): returns False. Otherwise uploads, retrying with
-        backoff, and returns True once the object reads back right. Keys are content
-        addressed, so rewriting one writes the same bytes.
+        backoff, and returns True once the object reads back right (else raises
+        :class:`~disklesslog.StorageError`). Keys are content addressed, so rewriting one
+        writes the same bytes.
         """
         if self.checksum(key, size) == (size, crc):
             return False
@@ -304,7 +319,7 @@ class Tier:
                 progress(total[0] - reported)
                 reported = total[0]
 
-        for attempt in range(1, PUT_ATTEMPTS + 1):
+        for attempt in range(1, ATTEMPTS + 1):
             try:
                 self._upload(key, data, size, functools.partial(sent, total=[0]))
                 found = self.checksum(key, size)
@@ -321,10 +336,10 @@ class Tier:
             except Exception as exc:  # clients raise their own transient errors
                 problem = exc
             self.metrics.add("tier_put_errors")
-            if attempt < PUT_ATTEMPTS:
-                time.sleep(RETRY_DELAY * 2 ** (attempt - 1) * (0.5 + random.random()))
-        raise OSError(
-            f"could not store {self.object_url(key)} after {PUT_ATTEMPTS} attempts: {problem}"
+            if attempt < ATTEMPTS:
+                pause(attempt)
+        raise StorageError(
+            f"could not store {self.object_url(key)} after {ATTEMPTS} attempts: {problem}"
         ) from problem
 
     def _upload(
@@ -378,24 +393,29 @@ class Tier:
             fsync_directory(Path(directory))
 
     def checksum(self, key: str, expected_size: int) -> tuple[int, int] | None:
-        """``(size, crc32c)`` of the object as stored, read back in full; ``None`` if it
-        is missing. An object of another size is not read (its CRC is then 0)."""
+        """``(size, crc32c)`` of the object as stored, read back in full (requests
+        retried); ``None`` if it is missing. An object of another size is not read (its
+        CRC is then 0)."""
         path = self.path(key)
+        what = f"could not read back {self.object_url(key)}"
         with contextlib.suppress(Exception):
             self.fs.invalidate_cache(path)
+        crc, position = 0, 0
         try:
-            size = int(self.fs.info(path)["size"])
+            size = int(self._retrying(functools.partial(self.fs.info, path), what)["size"])
+            if size != expected_size:
+                return size, 0
+            while position < size:
+                get = functools.partial(
+                    self.fs.cat_file, path, start=position, end=min(size, position + CHUNK)
+                )
+                chunk = bytes(self._retrying(get, what))
+                if not chunk:
+                    break
+                crc = crc32c(chunk, crc)
+                position += len(chunk)
         except FileNotFoundError:
             return None
-        if size != expected_size:
-            return size, 0
-        crc, position = 0, 0
-        while position < size:
-            chunk = bytes(self.fs.cat_file(path, start=position, end=min(size, position + CHUNK)))
-            if not chunk:
-                break
-            crc = crc32c(chunk, crc)
-            position += len(chunk)
         return position, crc
 
     def delete(self, keys: list[str]) -> int:
@@ -417,7 +437,9 @@ class Tier:
         with contextlib.suppress(Exception):
             self.fs.invalidate_cache(prefix)
         try:
-            found = self.fs.find(prefix, detail=True)
+            found = self._retrying(
+                lambda: self.fs.find(prefix, detail=True), f"could not list {prefix}"
+            )
         except FileNotFoundError:
             return []
         root = self.root.strip("/")
@@ -431,10 +453,18 @@ class Tier:
     # ----------------------------------------------------------------- reads
 
     def get_range(self, key: str, start: int, end: int) -> bytes:
-        """Bytes ``[start, end)`` of an object; a missing one is :class:`DataLossError`."""
-        started = time.monotonic()
+        """Bytes ``[start, end)`` of an object, retrying failed GETs; a missing one is
+        :class:`DataLossError` at once."""
+        path = self.path(key)
+
+        def attempt() -> bytes:
+            started = time.monotonic()
+            data = self.fs.cat_file(path, start=start, end=end)
+            self.metrics.observe("tier_get", time.monotonic() - started)
+            return bytes(data)
+
         try:
-            data = self.fs.cat_file(self.path(key), start=start, end=end)
+            data = self._retrying(attempt, f"could not read {self.object_url(key)}")
         except FileNotFoundError:
             raise DataLossError(
                 f"tiered object {self.object_url(key)} is missing although the stream's "
@@ -442,19 +472,43 @@ class Tier:
                 "short a grace period); the records in it are lost",
                 source=self.object_url(key),
             ) from None
-        self.metrics.observe("tier_get", time.monotonic() - started)
         self.metrics.add("tier_get_bytes", len(data))
-        return bytes(data)
+        return data
 
-    def read(self, key: str, start: int, end: int) -> bytes:
-        """Bytes ``[start, end)`` of an immutable tiered object through the block cache."""
+    def read(self, key: str, start: int, end: int, *, refresh: bool = False) -> bytes:
+        """Bytes ``[start, end)`` of an immutable tiered object through the block cache,
+        for a reader that checks them and then calls :meth:`confirm` or :meth:`discard`;
+        ``refresh`` fetches them again straight from storage."""
 
         def fetch(range_start: int, range_end: int) -> bytes:
             return self.get_range(key, range_start, range_end)
 
-        from ..objects.cache import default_cache  # noqa: PLC0415 - only for tiered reads
+        return _cache().read(
+            self.object_url(key),
+            start,
+            end,
+            fetch,
+            metrics=self.metrics,
+            checked=True,
+            refresh=refresh,
+        )
 
-        return default_cache().read(self.object_url(key), start, end, fetch, metrics=self.metrics)
+    def confirm(self, key: str, start: int, end: int) -> None:
+        """Bytes ``[start, end)`` of a tiered object passed their checks: the cache may
+        keep the blocks holding them on disk."""
+        _cache().confirm(self.object_url(key), start, end)
+
+    def discard(self, key: str, start: int, end: int) -> None:
+        """Bytes ``[start, end)`` of a tiered object failed their checks: drop them from
+        the cache."""
+        _cache().invalidate(self.object_url(key), start, end)
+
+
+def _cache() -> BlockCache:
+    """The process-wide block cache (its module loads with the first tiered read)."""
+    from ..objects.cache import default_cache  # noqa: PLC0415 - only for tiered reads
+
+    return default_cache()
 
 
 def _chunks(fd: int, size: int) -> Iterator[bytes]:
