@@ -32,7 +32,16 @@ from typing import TypeVar
 from .errors import CorruptDataError, DisklessLogError, StorageError
 from .metrics import Metrics
 
-__all__ = ["ATTEMPTS", "DELAY", "REFETCHES", "log_cured", "pause", "retrying"]
+__all__ = [
+    "ATTEMPTS",
+    "DELAY",
+    "REFETCHES",
+    "damaged",
+    "log_cured",
+    "pause",
+    "refetched",
+    "retrying",
+]
 
 log = logging.getLogger("disklesslog")
 
@@ -95,4 +104,52 @@ def log_cured(failure: CorruptDataError, refetches: int) -> None:
         "network, the storage or the block cache returned damaged bytes (nothing was lost)",
         failure,
         refetches,
+    )
+
+
+def refetched(
+    fetch: Callable[[], bytes],
+    check: Callable[[bytes], T],
+    failure: CorruptDataError,
+    *,
+    metrics: Metrics,
+    counter: str,
+    previous: bytes | None = None,
+) -> T:
+    """What ``check`` makes of bytes that failed it (with ``failure``), fetched again
+    straight from storage by ``fetch``: at most :data:`REFETCHES` times, each counted in
+    ``metrics[counter]``. Bytes that pass are a cure, logged (:func:`log_cured`).
+
+    Raises :class:`CorruptDataError` (the last failure, and the verdict) when every fetch
+    fails, or as soon as one returns the same bytes as the fetch before it: storage
+    holds them damaged, and more fetches would only repeat them. ``previous`` is the
+    first fetch's bytes when they came straight from storage too (not from a cache,
+    which may hold bytes damaged on an earlier way). Whatever ``fetch`` raises
+    propagates (a missing object is not damage to retry)."""
+    for attempt in range(1, REFETCHES + 1):
+        metrics.add(counter)
+        data = fetch()
+        try:
+            value = check(data)
+        except CorruptDataError as exc:
+            failure = exc
+            if data == previous:
+                raise damaged(failure, attempt, same=True) from None
+            previous = data
+            continue
+        log_cured(failure, attempt)
+        return value
+    raise damaged(failure, REFETCHES, same=False)
+
+
+def damaged(failure: CorruptDataError, fetches: int, *, same: bool) -> CorruptDataError:
+    """The error reporting bytes as damaged once ``fetches`` fetches straight from storage
+    did not cure ``failure`` (the last one): ``same`` when storage returned the same
+    bytes twice."""
+    if same:
+        verdict = "storage returned the same bytes twice: the stored object is damaged"
+    else:
+        verdict = f"failed on each of {fetches} fetches straight from storage"
+    return CorruptDataError(
+        f"{failure.reason} ({verdict})", source=failure.source, position=failure.position
     )
