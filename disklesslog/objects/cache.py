@@ -38,14 +38,19 @@ local files (atomically: temp file + ``os.replace``, so several processes can sh
 directory) and looked up there on memory misses, which survives restarts and spares
 GETs that cost money. Local files are not trustworthy the way an object store is: a
 crash can leave a renamed file whose data never reached the disk (the cache does not
-``fsync``), disks rot, and another process or a person may truncate files. Each file
-therefore starts with a 16-byte header (magic, CRC-32C of the block, block length);
-a file that fails it is deleted and the block refetched. Bytes from the disk tier are
-never returned unverified. File names are a hash of the object key plus the block size
-and index (never the key text: keys hold slashes and are not paths), and the directory
-is bounded by ``disk_max_bytes``, evicting the least recently written or hit files
-first. Several processes sharing a directory each rescan it at most every
-``DISK_RESCAN_SECONDS`` to account for the others' files.
+``fsync``), disks rot, and another process, a tool or a person may truncate, copy or
+restore files. Each file therefore starts with a 16-byte header (magic ``DLC2``,
+CRC-32C of the file's name followed by the block, block length); a file that fails it
+(flipped or zeroed bytes, cut short, bytes appended, empty, or another block's file
+under this name) is deleted with a warning and the block fetched again: damage to the
+disk tier is repaired, never reported, and bytes from it are never returned
+unverified. The name is in the CRC because a block's own CRC cannot tell *which* block
+it is, and a batch cannot either (see :func:`_disk_crc`). Files of an earlier version
+(``DLC1``) are dropped quietly when met. File names are a hash of the object key plus
+the block size and index (never the key text: keys hold slashes and are not paths),
+and the directory is bounded by ``disk_max_bytes``, evicting the least recently
+written or hit files first. Several processes sharing a directory each rescan it at
+most every ``DISK_RESCAN_SECONDS`` to account for the others' files.
 
 Why bytes are checked by readers, and reported back. The disk CRC proves a file holds
 the bytes that were written to it, not that those bytes are what the storage holds: a
@@ -111,8 +116,12 @@ __all__ = [
 log = logging.getLogger("disklesslog")
 
 DISK_HEADER = struct.Struct("<4sIQ")
-"""Header of a disk-tier file: magic, CRC-32C of the block, block length (16 bytes)."""
-DISK_MAGIC = b"DLC1"
+"""Header of a disk-tier file: magic, CRC-32C of the file's name and then the block,
+block length (16 bytes)."""
+DISK_MAGIC = b"DLC2"
+OLD_DISK_MAGICS = (b"DLC1",)
+"""Files of earlier versions (``DLC1``: the CRC covered the block only, so a file under
+another block's name passed). Dropped quietly when met: a cache needs no migration."""
 DISK_SUFFIX = ".blk"
 TEMP_SUFFIX = ".tmp"
 DISK_RESCAN_SECONDS = 30.0
@@ -661,15 +670,17 @@ class _DiskTier:
         """The verified block, or None; and whether a damaged file was discarded."""
         name = self._name(key, index)
         path = os.path.join(self.directory, name)
+        outdated = False
         try:
             with open(path, "rb") as file:
                 header = file.read(DISK_HEADER.size)
                 data = None
                 if len(header) == DISK_HEADER.size:
                     magic, checksum, length = DISK_HEADER.unpack(header)
+                    outdated = magic in OLD_DISK_MAGICS
                     if magic == DISK_MAGIC and 0 < length <= self._block_size:
                         data = file.read(length + 1)  # one more: detects trailing bytes
-                        if len(data) != length or crc32c(data) != checksum:
+                        if len(data) != length or _disk_crc(name, data) != checksum:
                             data = None
         except FileNotFoundError:
             with self._lock:
@@ -679,13 +690,15 @@ class _DiskTier:
             log.warning("block cache: cannot read %s: %s", path, exc)
             return None, False
         if data is None:
-            log.warning("block cache: discarding damaged file %s", path)
+            if not outdated:
+                log.warning("block cache: discarding damaged file %s (fetching again)", path)
             with contextlib.suppress(OSError):
                 os.unlink(path)
             with self._lock:
                 self._forget(name)
-                self._counters["discards"] += 1
-            return None, True
+                if not outdated:
+                    self._counters["discards"] += 1
+            return None, not outdated
         with contextlib.suppress(OSError):
             os.utime(path)  # recently used: evicted last, also by other processes
         with self._lock:
@@ -707,7 +720,7 @@ class _DiskTier:
         )
         try:
             with open(temp, "wb") as file:
-                file.write(DISK_HEADER.pack(DISK_MAGIC, crc32c(data), len(data)))
+                file.write(DISK_HEADER.pack(DISK_MAGIC, _disk_crc(name, data), len(data)))
                 file.write(data)
             os.replace(temp, path)
         except OSError as exc:
@@ -823,6 +836,16 @@ class _DiskTier:
         for name in names:
             with contextlib.suppress(OSError):
                 os.unlink(os.path.join(self.directory, name))
+
+
+def _disk_crc(name: str, data: bytes) -> int:
+    """The checksum of a disk-tier file: CRC-32C of its name (which names the object, the
+    block size and the block), then of the block. A file is valid only under its own
+    name, so one copied, restored or renamed over another block's name fails like
+    damage: its block would pass a CRC of the block alone, and could hold a batch of
+    another stream with the very offsets and size a reader expects, which no later
+    check would catch."""
+    return crc32c(data, crc32c(name.encode("ascii")))
 
 
 _CACHES: weakref.WeakSet[BlockCache] = weakref.WeakSet()

@@ -98,9 +98,13 @@ class ObjectLog(AbstractLog):
         return self._defaults
 
     def _check_marker(self, *, create: bool) -> None:
-        """Refuse a location that holds another kind of log; mark a new one as ours."""
-        if self.storage.exists(MARKER):
-            raw = self.storage.read_small(MARKER)
+        """Refuse a location that holds another kind of log; mark a new one as ours.
+
+        One GET (retried) tells both: a failed request must never pass for a missing
+        marker, or a transient failure would make an existing log "not a log", or write
+        this kind's marker over another's."""
+        raw = self.storage.read_small(MARKER)
+        if raw is not None:
             check_marker(raw, kind=KIND, version=VERSION, where=self.url)
             return
         if not create:

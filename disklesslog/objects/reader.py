@@ -36,7 +36,7 @@ from ..errors import CorruptDataError, DataLossError
 from ..format import BatchHeader
 from ..projection import COLUMNS, Part, Projection
 from ..records import RecordBatch, limit_records
-from ..retries import REFETCHES, log_cured
+from ..retries import refetched
 from ..sequencers.base import BatchLocation, BatchPage
 
 if TYPE_CHECKING:
@@ -145,26 +145,19 @@ def _refetched(
     reported as :class:`CorruptDataError` naming the object and position."""
     key, start = location.object_key, location.position
     end = start + location.size
-    previous: bytes | None = None
-    verdict = f"failed on each of {REFETCHES} fetches straight from storage"
-    for attempt in range(1, REFETCHES + 1):
-        log._metrics.add("refetches")
-        data = log.fetch(key, start, end, refresh=True)
-        try:
-            decoded = _decode(data, start, location, max_batch_bytes, projection)
-        except CorruptDataError as exc:
-            failure = exc
-            if data == previous:
-                verdict = "storage returned the same bytes twice: the stored object is damaged"
-                break
-            previous = data
-            continue
-        log_cured(failure, attempt)
-        return decoded
-    log.discard(key, start, end)
-    raise CorruptDataError(
-        f"{failure.reason} ({verdict})", source=failure.source, position=failure.position
-    )
+    try:
+        return refetched(
+            lambda: log.fetch(key, start, end, refresh=True),
+            lambda data: _decode(data, start, location, max_batch_bytes, projection),
+            failure,
+            metrics=log._metrics,
+            counter="refetches",
+        )
+    except DataLossError:
+        raise
+    except CorruptDataError:
+        log.discard(key, start, end)
+        raise
 
 
 def runs(

@@ -1,7 +1,9 @@
-"""Object storage through fsspec: write-once puts with retries, ranged gets, listing.
+"""Object storage through fsspec: write-once puts, ranged gets, listing, deletes, all
+retried.
 
-Everything the object backend stores goes through :class:`ObjectStorage`, so retries
-(of GETs and PUTs alike, :mod:`disklesslog.retries`), error translation and the PUT/GET
+Everything the object backend stores, reads, lists and deletes goes through
+:class:`ObjectStorage`, so retries (of every request alike, :mod:`disklesslog.retries`),
+error translation (whatever a client raises becomes a typed error) and the request
 counters live in one place. Objects are immutable and written once under unique,
 time-sortable names (:meth:`ObjectStorage.new_key`): nothing is ever overwritten, so a
 reader holding an old batch location can always finish, and an upload retried after a
@@ -20,6 +22,7 @@ the sequencer never knew by it.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import re
 import secrets
@@ -112,9 +115,10 @@ class ObjectStorage:
     """The objects of one log: ``<root>/objects/<key>`` in an fsspec filesystem.
 
     Every request is retried on failure (:mod:`disklesslog.retries`: ``put_attempts``
-    attempts with exponential backoff and jitter from ``retry_delay``), PUTs and GETs
-    alike; failures count in ``put_errors`` and ``get_errors``, and the last one is
-    raised as :class:`~disklesslog.StorageError`.
+    attempts with exponential backoff and jitter from ``retry_delay``), PUTs, GETs,
+    LISTs and DELETEs alike; failures count in ``put_errors``, ``get_errors`` (GETs and
+    LISTs) and ``delete_errors``, and the last one is raised as
+    :class:`~disklesslog.StorageError`, whatever the client raised.
     """
 
     def __init__(
@@ -183,14 +187,15 @@ class ObjectStorage:
         )
         self.metrics.add("put_bytes", len(data))
 
-    def _read(self, call: Callable[[], T], what: str) -> T:
-        """A read request (GET, HEAD, LIST), retried like a PUT (failures count in
-        ``get_errors``); ``FileNotFoundError`` propagates at once."""
+    def _request(self, call: Callable[[], T], what: str, counter: str) -> T:
+        """A request that reads (GET, LIST) or deletes, retried like a PUT (failures count
+        in ``counter``); ``FileNotFoundError`` propagates at once, for the caller to say
+        what a missing object means."""
         return retrying(
             call,
             what,
             metrics=self.metrics,
-            counter="get_errors",
+            counter=counter,
             attempts=self.put_attempts,
             delay=self.retry_delay,
             final=(FileNotFoundError,),
@@ -224,7 +229,9 @@ class ObjectStorage:
             return bytes(data)
 
         try:
-            data = self._read(attempt, f"could not read object {key} from {self.url}")
+            data = self._request(
+                attempt, f"could not read object {key} from {self.url}", "get_errors"
+            )
         except FileNotFoundError:
             raise DataLossError(
                 f"object {key} is missing from {self.url} although the sequencer still "
@@ -236,10 +243,18 @@ class ObjectStorage:
         return data
 
     def delete(self, keys: list[str]) -> None:
-        """Delete objects; already missing ones are fine (deletion is idempotent)."""
+        """Delete objects, retrying failures like any request (counted in
+        ``delete_errors``; the last one raised as :class:`~disklesslog.StorageError`).
+        Deleting is idempotent: an object already missing (deleted by another collector,
+        or by an earlier attempt whose response was lost) counts as deleted."""
         for key in keys:
+            path = self.path(key)
             try:
-                self.fs.rm_file(self.path(key))
+                self._request(
+                    functools.partial(self.fs.rm_file, path),
+                    f"could not delete object {key} from {self.url}",
+                    "delete_errors",
+                )
             except FileNotFoundError:
                 continue
             self.metrics.add("deletes")
@@ -250,8 +265,8 @@ class ObjectStorage:
         LIST (paged by the client); garbage collection's reconcile pass uses it."""
         folder = self.path(OBJECTS)
         try:
-            found = self._read(
-                lambda: self.fs.find(folder, detail=True), f"could not list {folder}"
+            found = self._request(
+                lambda: self.fs.find(folder, detail=True), f"could not list {folder}", "get_errors"
             )
         except FileNotFoundError:
             return {}
@@ -263,14 +278,17 @@ class ObjectStorage:
                 listed[f"{OBJECTS}/{name[len(prefix) :]}"] = int(info.get("size") or 0)
         return listed
 
-    def exists(self, name: str) -> bool:
+    def read_small(self, name: str) -> bytes | None:
+        """A small metadata file at the root (e.g. the log marker), or None if there is
+        none. (Not ``fs.exists``: fsspec's answers False when the request fails.)"""
         path = self.path(name)
-        return bool(self._read(lambda: self.fs.exists(path), f"could not look up {path}"))
-
-    def read_small(self, name: str) -> bytes:
-        """A small metadata file at the root (e.g. the log marker)."""
-        path = self.path(name)
-        return bytes(self._read(lambda: self.fs.cat_file(path), f"could not read {path}"))
+        try:
+            data = self._request(
+                lambda: self.fs.cat_file(path), f"could not read {path}", "get_errors"
+            )
+        except FileNotFoundError:
+            return None
+        return bytes(data)
 
     def write_small(self, name: str, data: bytes) -> None:
         self.put(name, data)

@@ -15,10 +15,13 @@ write counts only when it is read back with the expected size and CRC-32C. Reads
 through the process-wide :class:`~disklesslog.objects.cache.BlockCache`, like the
 object backend's, so a tiered segment is fetched at most once per process while hot;
 its readers check what they get and confirm or discard it
-(:mod:`~disklesslog.segments.tiered`). Every request is retried with the object
-backend's policy (:mod:`disklesslog.retries`): failures count in ``tier_put_errors``
-and ``tier_get_errors``, the last one is raised as :class:`~disklesslog.StorageError`,
-and a missing object is :class:`~disklesslog.DataLossError` at once.
+(:mod:`~disklesslog.segments.tiered`). Every request (GET, HEAD, LIST, PUT, DELETE, the
+owner marker's conditional create) is retried with the object backend's policy
+(:mod:`disklesslog.retries`): failures count in ``tier_put_errors``, ``tier_get_errors``
+and ``tier_delete_errors``, the last one is raised as :class:`~disklesslog.StorageError`
+whatever the client raised, a missing object that a manifest lists is
+:class:`~disklesslog.DataLossError` at once, and a missing object being deleted is
+success.
 """
 
 from __future__ import annotations
@@ -260,12 +263,20 @@ class Tier:
             data = json.dumps({"format": KIND, "version": VERSION, "log_id": log_id}) + "\n"
             from ..sequencers.conditional import put_if_absent  # noqa: PLC0415 - rare
 
-            if put_if_absent(self.fs, marker, data.encode()):
+            # A retry after a lost response finds the marker there: it is then read
+            # back and checked like anyone else's, and found to be this log's.
+            created = retrying(
+                functools.partial(put_if_absent, self.fs, marker, data.encode()),
+                f"could not store {self.object_url(MARKER)}",
+                metrics=self.metrics,
+                counter="tier_put_errors",
+            )
+            if created:
                 self._owner_checked = True
                 return
             raw = self._read_marker(marker)
             if raw is None:
-                raise OSError(f"{self.object_url(MARKER)} exists and then does not: retry")
+                raise StorageError(f"{self.object_url(MARKER)} exists and then does not: retry")
         check_marker(raw, kind=KIND, version=VERSION, where=self.url)
         owner = json.loads(raw).get("log_id")
         if owner != log_id:
@@ -281,11 +292,11 @@ class Tier:
         except FileNotFoundError:
             return None
 
-    def _retrying(self, call: Callable[[], T], what: str) -> T:
-        """A read request (GET, LIST), retried (failures count in ``tier_get_errors``);
-        ``FileNotFoundError`` propagates at once."""
+    def _retrying(self, call: Callable[[], T], what: str, counter: str = "tier_get_errors") -> T:
+        """A request that reads (GET, HEAD, LIST) or deletes, retried (failures count in
+        ``counter``); ``FileNotFoundError`` propagates at once."""
         return retrying(
-            call, what, metrics=self.metrics, counter="tier_get_errors", final=(FileNotFoundError,)
+            call, what, metrics=self.metrics, counter=counter, final=(FileNotFoundError,)
         )
 
     # ---------------------------------------------------------------- writes
@@ -419,11 +430,17 @@ class Tier:
         return position, crc
 
     def delete(self, keys: list[str]) -> int:
-        """Delete objects (missing ones are fine); returns how many existed."""
+        """Delete objects, retrying failures (counted in ``tier_delete_errors``); returns
+        how many existed. Deleting is idempotent: a missing object (deleted by another
+        run, or by an earlier attempt whose response was lost) is not an error."""
         deleted = 0
         for key in keys:
             try:
-                self.fs.rm_file(self.path(key))
+                self._retrying(
+                    functools.partial(self.fs.rm_file, self.path(key)),
+                    f"could not delete {self.object_url(key)}",
+                    "tier_delete_errors",
+                )
             except FileNotFoundError:
                 continue
             deleted += 1

@@ -37,7 +37,7 @@ from ..format import crc32c
 from ..maintenance.retention import Unit
 from ..projection import COLUMNS, Part, Projection
 from ..records import RecordBatch, limit_records
-from ..retries import REFETCHES, log_cured
+from ..retries import REFETCHES, damaged, log_cured
 from . import reader
 from .index import OFFSET_ENTRY, TIME_ENTRY
 from .manifest import Manifest, ManifestCache, TieredObject, TieredSegment
@@ -248,7 +248,7 @@ class TieredReader:
                         signature = (failure.position, failure.reason)
                         if refetches == REFETCHES or signature == previous:
                             tier.discard(key, position, max(bad, refresh_to) + 1)
-                            raise _damaged(failure, refetches, same=signature == previous) from None
+                            raise damaged(failure, refetches, same=signature == previous) from None
                         previous = signature if refetches else None
                         refetches += 1
                         tier.metrics.add("tier_refetches")
@@ -381,17 +381,6 @@ def _damage(exc: CorruptDataError) -> CorruptDataError:
             f"object ends inside an entry ({exc.reason})", source=exc.source, position=exc.position
         )
     return exc
-
-
-def _damaged(failure: CorruptDataError, refetches: int, *, same: bool) -> CorruptDataError:
-    """The error a walk reports once fetching again did not help."""
-    if same:
-        verdict = "storage returned the same bytes twice: the stored object is damaged"
-    else:
-        verdict = f"failed on each of {refetches} fetches straight from storage"
-    return CorruptDataError(
-        f"{failure.reason} ({verdict})", source=failure.source, position=failure.position
-    )
 
 
 def make_view(snap: Snapshot, manifest: Manifest | None) -> View:

@@ -1,11 +1,13 @@
 """The object backend's block cache: exact bytes across block and object boundaries,
 one fetch per contiguous missing run, LRU by bytes, single flight (shared successes,
 shared failures, interrupted loaders), put_object, the disk tier (restarts, damaged
-files, eviction, sharing a directory), and checked reads (disk writes only once
-confirmed, refreshes that replace both tiers, ranges dropped after a failed check)."""
+files and files of other blocks, files of an earlier version, eviction, sharing a
+directory), and checked reads (disk writes only once confirmed, refreshes that replace
+both tiers, ranges dropped after a failed check)."""
 
 from __future__ import annotations
 
+import logging
 import os
 import random
 import signal
@@ -17,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from disklesslog.errors import ConfigError
+from disklesslog.format import crc32c
 from disklesslog.metrics import Metrics
 from disklesslog.objects import cache as cache_module
 from disklesslog.objects.cache import (
@@ -660,6 +663,7 @@ def test_a_short_last_block_on_disk_marks_the_end(tmp_path: Path) -> None:
         "empty file",
         "trailing garbage",
         "longer length field",
+        "zero a range",
     ],
 )
 def test_a_damaged_disk_file_is_discarded_and_refetched(tmp_path: Path, damage: str) -> None:
@@ -681,6 +685,8 @@ def test_a_damaged_disk_file_is_discarded_and_refetched(tmp_path: Path, damage: 
         raw += b"\0"
     elif damage == "longer length field":
         raw[8] = 17
+    elif damage == "zero a range":
+        raw[18:26] = bytes(8)
     path.write_bytes(bytes(raw))
     cache = BlockCache(block_size=16, cache_dir=tmp_path)
     metrics = Metrics()
@@ -692,6 +698,49 @@ def test_a_damaged_disk_file_is_discarded_and_refetched(tmp_path: Path, damage: 
     # The refetched block replaced the damaged file.
     fresh = BlockCache(block_size=16, cache_dir=tmp_path)
     assert fresh.read(KEY, 0, 16, Source(b"")) == DATA[:16]
+
+
+@pytest.mark.parametrize("other", ["another object's block", "another block of the object"])
+def test_a_disk_file_of_another_block_is_discarded_and_refetched(
+    tmp_path: Path, other: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A file copied, restored or renamed over a block's name holds a valid block with a
+    valid CRC, just not this one: the CRC covers the file's name too, so it fails."""
+    writer = BlockCache(block_size=16, cache_dir=tmp_path)
+    writer.put_object(KEY, DATA[:16])
+    (ours,) = _disk_files(tmp_path)
+    if other == "another object's block":
+        writer.put_object("objects/another", DATA[100:116])
+    else:
+        writer.put_object(KEY, DATA[:32])  # adds block 1
+    (theirs,) = set(_disk_files(tmp_path)) - {ours}
+    ours.write_bytes(theirs.read_bytes())
+    cache = BlockCache(block_size=16, cache_dir=tmp_path)
+    metrics = Metrics()
+    source = Source()
+    with caplog.at_level(logging.WARNING, logger="disklesslog"):
+        assert cache.read(KEY, 0, 16, source, metrics=metrics) == DATA[:16]
+    assert source.calls == [(0, 16)]
+    assert metrics.snapshot()["cache_disk_discards"] == 1
+    assert f"discarding damaged file {ours}" in caplog.text
+    assert BlockCache(block_size=16, cache_dir=tmp_path).read(KEY, 0, 16, Source(b"")) == DATA[:16]
+
+
+def test_a_disk_file_of_an_earlier_version_is_dropped_quietly(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    BlockCache(block_size=16, cache_dir=tmp_path).put_object(KEY, DATA[:16])
+    (path,) = _disk_files(tmp_path)
+    block = DATA[:16]  # as version 1 wrote it: the CRC of the block alone
+    path.write_bytes(cache_module.DISK_HEADER.pack(b"DLC1", crc32c(block), 16) + block)
+    cache = BlockCache(block_size=16, cache_dir=tmp_path)
+    source = Source()
+    with caplog.at_level(logging.WARNING, logger="disklesslog"):
+        assert cache.read(KEY, 0, 16, source) == DATA[:16]
+    assert source.calls == [(0, 16)]
+    assert cache.stats()["disk_discards"] == 0
+    assert "discarding" not in caplog.text
+    assert path.read_bytes()[:4] == cache_module.DISK_MAGIC  # written again as version 2
 
 
 def test_disk_eviction_by_bytes_oldest_first(tmp_path: Path) -> None:

@@ -149,6 +149,52 @@ def test_damaged_bytes_already_on_disk_are_replaced_when_read(
         assert "refetches" not in log.metrics()
 
 
+@pytest.mark.parametrize("damage", ["bitflip", "zero", "truncate", "garbage", "empty", "swap"])
+def test_a_damaged_disk_cache_file_is_repaired_never_reported(
+    faulty: type[FaultyMemoryFileSystem],
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+    damage: str,
+) -> None:
+    """Every kind of damage to a disk-tier file, including another object's file under
+    its name ("swap"): objects of one batch each, alike in offsets and size, so a swapped
+    file holds a batch that passes every check of the batch itself (its CRC, its
+    coordinates) and would be read as the other stream's records."""
+    url = f"faulty-memory://read-faults-{uuid.uuid4().hex[:12]}/log"
+    sequencer = MemorySequencer()
+    names = ("a", "b")
+    with disklesslog.open(url, sequencer=sequencer, cache=None) as log:
+        for name in names:  # one object each, the same layout
+            log.stream(name).append_batch([b"%s-%02d" % (name.encode(), i) for i in range(20)])
+
+    def read(log: disklesslog.Log) -> Rows:
+        return {name: [(r.offset, r.value) for r in log.stream(name).read()] for name in names}
+
+    cache_dir = tmp_path / "cache"
+    with disklesslog.open(url, sequencer=sequencer, cache=BlockCache(cache_dir=cache_dir)) as log:
+        rows = read(log)
+    files = sorted(path for path in cache_dir.iterdir() if path.name.endswith(".blk"))
+    assert len(files) == 2
+    victim, other = files
+    raw = victim.read_bytes()
+    damaged = {
+        "bitflip": raw[:40] + bytes([raw[40] ^ 0x10]) + raw[41:],
+        "zero": raw[:30] + bytes(20) + raw[50:],
+        "truncate": raw[: len(raw) // 2],
+        "garbage": raw + b"garbage",
+        "empty": b"",
+        "swap": other.read_bytes(),
+    }[damage]
+    victim.write_bytes(damaged)
+    with (
+        caplog.at_level(logging.WARNING, logger="disklesslog"),
+        disklesslog.open(url, sequencer=sequencer, cache=BlockCache(cache_dir=cache_dir)) as log,
+    ):
+        assert read(log) == rows
+    assert f"block cache: discarding damaged file {victim}" in caplog.text
+    assert victim.read_bytes() == raw  # fetched again and written back
+
+
 def test_concurrent_readers_of_a_damaged_block_all_read_right(
     stored: Stored, faulty: type[FaultyMemoryFileSystem]
 ) -> None:
