@@ -229,6 +229,8 @@ def decode_checkpoint(data: bytes, entry: int, where: str) -> Checkpoint:
         body = decompressor.decompress(frame)
         if not decompressor.eof:
             raise zstandard.ZstdError("the frame is truncated")
+        if decompressor.unused_data:
+            raise zstandard.ZstdError("bytes follow the frame")
     except zstandard.ZstdError as exc:
         raise _damaged(where, f"zstd: {exc}") from None
     content = _unpack(body, where)
