@@ -90,7 +90,9 @@ class SequencerStorage:
             fetched = {}
         found: list[bytes | None] = []
         for path in paths:
-            got = fetched.get(path, fetched.get(self.fs._strip_protocol(path)))
+            got = fetched.get(path)
+            if got is None:  # some filesystems key the answers by the stripped path
+                got = fetched.get(self.fs._strip_protocol(path))
             if isinstance(got, FileNotFoundError):
                 found.append(None)
             elif got is None or isinstance(got, BaseException):
