@@ -745,28 +745,31 @@ class ObjectStoreSequencer(Sequencer):
             r = self._replica
             entry, snapshot, recent, digest = r.tail, r.state.snapshot(), list(r.recent), r.chain
         path = self._store_checkpoint(entry, snapshot, recent, digest)
-        log.warning("%s: wrote checkpoint %s on request", self.url, path)
+        log.info("%s: wrote checkpoint %s on request", self.url, path)
         return path
 
     def verify(self) -> list[CorruptDataError]:
         """Read every entry and checkpoint in storage and return what is damaged (each
         error's ``source`` names an object, ``reason`` says what is wrong); changes
         nothing. Entries are checked against their neighbours too: each must name the
-        chain digest its predecessor leads to."""
+        chain digest its predecessor (or a checkpoint of the entry before it) leads to."""
         found: list[CorruptDataError] = []
+        anchors = {0: CHAIN_START}  # entry -> chain digest after it, from checkpoints
         for c in self._storage.checkpoints():
             data = self._storage.get(c.path)
             if data is None:
                 continue
             try:
-                self._decode_checkpoint(data, c)
+                anchors[c.entry] = self._decode_checkpoint(data, c).chain
             except CorruptDataError as exc:
                 found.append(exc)
-        expected: tuple[int, bytes] | None = None  # (number, chain digest) after an entry
+        expected: tuple[int, bytes] | None = None  # (number, chain digest after it)
         for number, path in self._storage.entries():
             data = self._storage.get(path)
             if data is None:
                 continue
+            if (expected is None or expected[0] != number - 1) and number - 1 in anchors:
+                expected = (number - 1, anchors[number - 1])
             try:
                 entry = decode_entry(data, number, path)
             except CorruptDataError as exc:

@@ -664,6 +664,12 @@ def test_verify_names_every_damaged_object(tmp_path: Path) -> None:
     found = {error.source: error.reason for error in seq.verify()}
     assert set(found) == {str(p) for p in damaged} | {str(entry_path(root, 12))}
     assert "another history" in found[str(entry_path(root, 12))]
+    # With the entries before checkpoint 10 gone, entry 11 is checked against it.
+    for number in range(1, 11):
+        entry_path(root, number).unlink()
+    entry_path(root, 11).write_bytes(entry_path(tmp_path / "other", 11).read_bytes())
+    found = {error.source: error.reason for error in seq.verify()}
+    assert "another history" in found[str(entry_path(root, 11))]
 
 
 def test_discard_entry_refuses_what_it_must_not_touch(tmp_path: Path) -> None:
