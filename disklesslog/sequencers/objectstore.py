@@ -613,14 +613,16 @@ class ObjectStoreSequencer(Sequencer):
         the replica's). A damaged one is logged and passed over for an older one; the
         log reaches at least its entry, so that becomes the floor replay must reach
         (:meth:`_check_end`). One that vanished meanwhile was deleted as superseded by
-        a newer one: the checkpoints are listed again. Returns what was loaded."""
+        a newer one (and so were the entries it covers): the checkpoints are listed
+        again, a few times, then :class:`SequencerError`. Returns what was loaded."""
         damaged: list[CheckpointName] = []
+        vanished: CheckpointName | None = None
         for _ in range(CHECKPOINT_LISTINGS):
-            vanished = False
+            vanished = None
             for candidate in reversed([c for c in listed if c.entry >= first]):
                 data = self._storage.get(candidate.path)
                 if data is None:
-                    vanished = True
+                    vanished = candidate
                     break
                 try:
                     loaded = self._decode_checkpoint(data, candidate)
@@ -636,9 +638,14 @@ class ObjectStoreSequencer(Sequencer):
                 self._set_floor(damaged)
                 self._install(loaded)
                 return candidate
-            if not vanished:
+            if vanished is None:
                 break
             listed = self._storage.checkpoints()
+        if vanished is not None:
+            raise SequencerError(
+                f"{self.url}: checkpoint {vanished.path} vanished while read, "
+                f"{CHECKPOINT_LISTINGS} times (deleted as superseded); try again"
+            )
         self._set_floor(damaged)
         return None
 

@@ -786,3 +786,34 @@ def test_a_stale_replica_lists_checkpoints_other_processes_wrote(s3_server: str)
     idle._confirmed = -float("inf")  # it has not looked for longer than the window
     assert idle.commit("idle", [batch("s")])[0].base_offset == 17
     assert replica().snapshot() == idle.snapshot() == busy.snapshot()
+
+
+def test_a_checkpoint_that_vanishes_while_it_is_loaded_is_looked_up_again(
+    faulty: tuple[Any, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A checkpoint that vanishes between the listing and its GET was superseded (and
+    the entries it covers deleted): list again. One that keeps vanishing is an error,
+    never an empty log (its entries are gone: replaying them would find nothing)."""
+    from disklesslog.sequencers.objectstore_storage import SequencerStorage
+
+    fs, root = faulty
+    writer = ObjectStoreSequencer(fs, root, checkpoint_every=5)
+    writer.create_stream("s", {})
+    for i in range(11):
+        writer.commit(f"o{i}", [batch("s")])
+    for number in range(1, 11):  # as the clean-up after checkpoint 10 does
+        fs.rm_file(f"{root}/log/{number:020d}")
+    real_get = SequencerStorage.get
+    vanishing = {"times": 1}
+
+    def get(self: SequencerStorage, path: str) -> bytes | None:
+        if "/checkpoints/" in path and vanishing["times"]:
+            vanishing["times"] -= 1
+            return None
+        return real_get(self, path)
+
+    monkeypatch.setattr(SequencerStorage, "get", get)
+    assert ObjectStoreSequencer(fs, root).snapshot() == writer.snapshot()
+    vanishing["times"] = 1000
+    with pytest.raises(SequencerError, match="vanished"):
+        ObjectStoreSequencer(fs, root)
