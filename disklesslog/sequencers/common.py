@@ -67,9 +67,9 @@ INT64_MAX = (1 << 63) - 1
 """The largest offset, timestamp, position, size, id, epoch or sequence number any
 sequencer takes. Every one stores them as signed 64-bit integers (SQL ``INTEGER`` and
 ``bigint`` columns, msgpack integers in object-store entries), so every one refuses a
-larger value up front with :class:`ConfigError` (or, inside a batch description,
-:class:`SequencerError`), before anything is written: the same answer from all four,
-instead of an ``OverflowError`` from whichever driver meets it first."""
+larger value up front with :class:`ConfigError` (a ``ValueError``), also inside a batch
+description, before anything is written: the same answer from all four, instead of an
+``OverflowError`` from whichever driver meets it first."""
 INT64_MIN = -(1 << 63)
 """The smallest such value; what a call accepts below 0 is its own rule (a timestamp
 may be negative, an offset may not)."""
@@ -118,15 +118,21 @@ def check_keys(object_keys: Sequence[str]) -> Sequence[str]:
     return object_keys
 
 
-def _ints_fit(values: tuple[Any, ...]) -> bool:
-    """Every one of ``values`` an ``int`` (not ``bool``) within the 64-bit range."""
-    return set(map(type, values)) == {int} and min(values) >= INT64_MIN and max(values) <= INT64_MAX
+def _check_numbers(values: tuple[Any, ...], what: str) -> None:
+    """Every one of ``values`` an ``int`` (not ``bool``: else the description is
+    malformed, :class:`SequencerError`) within the 64-bit range (else
+    :class:`ConfigError`, as for any other number too large to store)."""
+    if set(map(type, values)) != {int}:
+        raise SequencerError(f"malformed {what}: its numbers must be ints")
+    if min(values) < INT64_MIN or max(values) > INT64_MAX:
+        raise ConfigError(f"{what} holds a number outside the 64-bit range (at most 2**63-1)")
 
 
 def _batch_fits(b: BatchToCommit) -> bool:
-    """:func:`_ints_fit` for a batch's eight numbers, spelt out: it runs for every batch
-    of every commit (and of every entry an object-store replica replays), where this
-    costs half of building a tuple and a set."""
+    """Whether a batch's stream is a str and its eight numbers pass
+    :func:`_check_numbers`, spelt out: it runs for every batch of every commit (and of
+    every entry an object-store replica replays), where this costs half of building a
+    tuple and a set."""
     p, s, n, r = b.position, b.size, b.span, b.record_count
     t, i, e, q = b.max_timestamp, b.producer_id, b.producer_epoch, b.base_sequence
     lo, hi = INT64_MIN, INT64_MAX
@@ -158,11 +164,7 @@ def check_location(b: object, stream: str) -> BatchLocation:
         raise SequencerError(f"new batches are BatchLocation items, not {type(b).__name__}")
     check_object_key(b.object_key)
     numbers = (b.batch_id, b.position, b.size, b.base_offset, b.last_offset, b.max_timestamp)
-    if not _ints_fit(numbers):
-        raise SequencerError(
-            f"malformed replacement batch for stream {stream!r}: {b} (its numbers must be "
-            "ints within the 64-bit range)"
-        )
+    _check_numbers(numbers, f"replacement batch for stream {stream!r}: {b}")
     return b
 
 
@@ -175,11 +177,12 @@ def check_batches(batches: Sequence[BatchToCommit]) -> Sequence[BatchToCommit]:
     for b in batches:
         if not isinstance(b, BatchToCommit):
             raise SequencerError(f"commit takes BatchToCommit items, not {type(b).__name__}")
-        if not _batch_fits(b):
-            raise SequencerError(
-                f"malformed batch {b!r}: the stream is a str and every other field an int "
-                "within the 64-bit range (at most 2**63-1)"
-            )
+        if not _batch_fits(b):  # say why, the slow way
+            if type(b.stream) is not str:
+                raise SequencerError(f"malformed batch {b!r}: its stream name must be a str")
+            numbers: tuple[Any, ...] = (b.position, b.size, b.span, b.record_count)
+            numbers += (b.max_timestamp, b.producer_id, b.producer_epoch, b.base_sequence)
+            _check_numbers(numbers, f"batch {b!r}")
         if b.position < 0 or b.size < 0 or b.span < 1 or not 0 <= b.record_count <= b.span:
             raise SequencerError(
                 f"malformed batch for stream {b.stream!r}: position={b.position} "
