@@ -24,6 +24,7 @@ __all__ = [
     "ProducerFenced",
     "RecordTooLarge",
     "SequencerConflict",
+    "SequencerDamaged",
     "SequencerError",
     "StorageError",
     "StreamExistsError",
@@ -154,6 +155,17 @@ class OutOfOrderSequence(SequencerError):
     """A producer's batch skipped or repeated sequence numbers in a way that is neither
     the next batch nor a retry of records it committed recently: records would be lost
     or duplicated, so the whole commit was refused."""
+
+
+class SequencerDamaged(CorruptDataError):
+    """The object-store sequencer's stored state is damaged where this process needs it:
+    an entry failed its checksum (or its structure, or names a history other than the
+    one this process applied), or a checkpoint did and the entries that would replace it
+    are gone. ``source`` names the damaged object. Nothing was skipped or applied in
+    part: this process stopped before it, so it never answers differently from the
+    others. Repair it as ``docs/operations.md`` ("Repairing the object-store
+    sequencer") describes: usually a process that got past the damage writes a
+    checkpoint (``ObjectStoreSequencer.write_checkpoint()``)."""
 
 
 class SequencerConflict(SequencerError):

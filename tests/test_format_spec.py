@@ -848,3 +848,203 @@ def test_spec_reader_agrees_on_zstd_edge_cases(edit: str) -> None:
     good = _reseal(bytearray(head), compressor.compress(body))
     if edit != "no-content-size":
         assert specified(good, 0, 0) == reference(good, 0, 0) == [(0, TS, None, b"abc" * 100, ())]
+
+
+# ================================= section 3.1: the object-store sequencer's objects
+
+SEQUENCER = "### 3.1 The object-store sequencer: entries and checkpoints"
+SEQ_ENTRY, SEQ_CHECKPOINT = tables(SEQUENCER)
+
+
+def _spec_magic(kind: str) -> bytes:
+    """The magic of ``kind`` (e.g. "Entry, version 2"), as the spec's heading names it."""
+    return re.search(rf"\*\*{kind}\*\* \(`(\w+)`", section(SEQUENCER))[1].encode()  # type: ignore[index]
+
+
+def _spec_rows(first_column: str) -> list[str]:
+    """The first cells of the spec's table whose header starts with ``first_column``."""
+    text = section(SEQUENCER)
+    block = text[text.index(f"| {first_column} |") :].split("\n\n", 1)[0]
+    return [line.split("|")[1].strip() for line in block.splitlines()[2:]]
+
+
+SPEC_OPERATIONS = [name.strip("`") for name in _spec_rows("operation")]
+SPEC_STATE_KEYS = [
+    key.strip("` ") for row in _spec_rows("key") for key in row.split(",")
+]  # "`a`, `b`" rows list several keys
+
+
+def spec_digest(previous: bytes, stored: bytes) -> bytes:
+    """The chain digest after a version 2 entry, as section 3.1 defines it."""
+    import hashlib
+
+    return hashlib.blake2b(previous + stored, digest_size=16).digest()
+
+
+def spec_entry(data: bytes, number: int) -> tuple[list[Any], bytes | None]:
+    """Steps 1-5 of "Reading an entry": ``([entry_id, timestamp, operations],
+    previous)`` (previous is None for version 1). Types of operations' arguments are the
+    code's business (tested elsewhere); this checks the bytes and the outer shape."""
+    if data.startswith(_spec_magic("Entry, version 2")):
+        if len(data) < SEQ_ENTRY.size:
+            raise SpecCorrupt("short")
+        fields = dict(zip(SEQ_ENTRY.names, struct.unpack_from(SEQ_ENTRY.fmt, data)))
+        if len(data) != SEQ_ENTRY.size + fields["length"]:
+            raise SpecCorrupt("length")
+        if crc32c.crc32c(data[10:]) != fields["crc"]:
+            raise SpecCorrupt("crc")
+        if fields["number"] != number:
+            raise SpecCorrupt("number")
+        body, previous = data[SEQ_ENTRY.size :], fields["previous"]
+    elif data.startswith(_spec_magic("Entry, version 1")):
+        body, previous = data[6:], None
+    else:
+        raise SpecCorrupt("magic")
+    try:
+        content = msgpack.unpackb(body, raw=False, strict_map_key=False)
+    except Exception as exc:
+        raise SpecCorrupt(f"body: {exc!r}") from None
+    if type(content) is not list or len(content) != 3:
+        raise SpecCorrupt("shape")
+    entry_id, stamp, operations = content
+    if type(entry_id) is not bytes or len(entry_id) != 16 or type(stamp) is not float:
+        raise SpecCorrupt("id or timestamp")
+    if type(operations) is not list or not all(
+        type(op) is list and op and op[0] in SPEC_OPERATIONS for op in operations
+    ):
+        raise SpecCorrupt("operations")
+    return content, previous
+
+
+def spec_checkpoint(data: bytes, entry: int) -> dict[str, Any]:
+    """ "Reading a checkpoint", both versions: its map (version 1's gets the chain of
+    16 zero bytes the spec gives it)."""
+    if data.startswith(_spec_magic("Checkpoint, version 2")):
+        if len(data) < SEQ_CHECKPOINT.size:
+            raise SpecCorrupt("short")
+        fields = dict(zip(SEQ_CHECKPOINT.names, struct.unpack_from(SEQ_CHECKPOINT.fmt, data)))
+        if len(data) != SEQ_CHECKPOINT.size + fields["length"]:
+            raise SpecCorrupt("length")
+        if crc32c.crc32c(data[10:]) != fields["crc"] or fields["entry"] != entry:
+            raise SpecCorrupt("crc or entry")
+        frame = data[SEQ_CHECKPOINT.size :]
+    elif data.startswith(_spec_magic("Checkpoint, version 1")):
+        frame = data[6:]
+    else:
+        raise SpecCorrupt("magic")
+    try:
+        content = msgpack.unpackb(
+            zstandard.ZstdDecompressor().decompress(frame, allow_extra_data=False), raw=False
+        )
+    except Exception as exc:
+        raise SpecCorrupt(f"frame: {exc!r}") from None
+    if type(content) is not dict or set(SPEC_STATE_KEYS) - {"transactions"} - set(
+        content.get("state", {})
+    ):
+        raise SpecCorrupt("map")
+    content.setdefault("chain", bytes(16))
+    return content
+
+
+def _sequencer_log(root: Path) -> Any:
+    """A sequencer log holding every operation and several checkpoints."""
+    import fsspec
+
+    from disklesslog.sequencers import BatchLocation, BatchToCommit
+    from disklesslog.sequencers.objectstore import ObjectStoreSequencer
+
+    seq = ObjectStoreSequencer(fsspec.filesystem("file"), str(root), checkpoint_every=4)
+    seq.create_stream("a", {"retention_ms": 10})
+    producer = seq.init_producer("p")
+    seq.init_producer()
+    for i in range(6):
+        seq.commit(f"o{i}", [BatchToCommit("a", 0, 9, 2, 2, TS + i, *producer, 2 * i)])
+    seq.commit_transaction("t", [("o-t", [BatchToCommit("a", 0, 9, 1, 1, TS)])])
+    first = seq.find_batches("a", 0, 1 << 20).batches[0]
+    seq.replace_batches("a", [first.batch_id], [BatchLocation(0, "m", 0, 9, 0, 1, TS)])
+    seq.trim("a", 2)
+    seq.alter_stream("a", {"retention_ms": 20})
+    seq.commit_offsets("g", {"a": 3})
+    seq.record_orphan("x")
+    seq.forget_objects(["x"])
+    seq.create_stream("b", {})
+    seq.delete_stream("b")
+    return seq
+
+
+def test_sequencer_tables_in_the_spec_match_the_code() -> None:
+    from disklesslog.sequencers import objectstore_format as seqfmt
+
+    assert SEQ_ENTRY.fmt == "<6sIIQ16s" and SEQ_ENTRY.size == seqfmt.ENTRY_HEADER == 38
+    assert SEQ_ENTRY.names == ("magic", "crc", "length", "number", "previous")
+    assert SEQ_CHECKPOINT.fmt == "<6sIQQ" and SEQ_CHECKPOINT.size == seqfmt.CHECKPOINT_HEADER
+    assert SEQ_CHECKPOINT.names == ("magic", "crc", "length", "entry")
+    assert _spec_magic("Entry, version 2") == seqfmt.ENTRY_MAGIC
+    assert _spec_magic("Entry, version 1") == seqfmt.ENTRY_MAGIC_V1
+    assert _spec_magic("Checkpoint, version 2") == seqfmt.CHECKPOINT_MAGIC
+    assert _spec_magic("Checkpoint, version 1") == seqfmt.CHECKPOINT_MAGIC_V1
+    assert sorted(SPEC_OPERATIONS) == sorted(seqfmt.OPERATIONS)
+
+
+def test_sequencer_objects_decode_by_the_spec(tmp_path: Path) -> None:
+    """Every entry the library wrote reads by the spec, names the chain digest the spec
+    computes, and decodes to what the code decodes; every checkpoint holds the spec's
+    digest as of its entry and the state the code holds at its tail."""
+    from disklesslog.sequencers import objectstore_format as seqfmt
+
+    root = tmp_path / "sequencer"
+    seq = _sequencer_log(root)
+    digests = {0: bytes(16)}
+    for path in sorted((root / "log").iterdir()):
+        number, data = int(path.name), path.read_bytes()
+        (entry_id, stamp, operations), previous = spec_entry(data, number)
+        assert previous == digests[number - 1]
+        digests[number] = spec_digest(previous, data)
+        code = seqfmt.decode_entry(data, number, str(path))
+        assert (code.entry_id, code.timestamp, code.previous) == (entry_id, stamp, previous)
+        assert [op[0] for op in code.ops] == [op[0] for op in operations]
+    checkpoints = sorted((root / "checkpoints").iterdir())
+    assert len(checkpoints) >= 3
+    for path in checkpoints:
+        entry = int(path.name[:20])
+        content = spec_checkpoint(path.read_bytes(), entry)
+        assert content["chain"] == digests[entry]
+        assert content == dict(
+            zip(["state", "recent", "chain"], _code_checkpoint(path, entry), strict=True)
+        )
+    assert seq.tail == len(digests) - 1
+    assert set(seq.snapshot()) == set(SPEC_STATE_KEYS)
+
+
+def _code_checkpoint(path: Path, entry: int) -> tuple[Any, ...]:
+    from disklesslog.sequencers import objectstore_format as seqfmt
+
+    decoded = seqfmt.decode_checkpoint(path.read_bytes(), entry, str(path))
+    return decoded.state, decoded.recent, decoded.chain
+
+
+def test_spec_reader_agrees_on_damaged_sequencer_objects(tmp_path: Path) -> None:
+    """Damage the CRC covers: both readers refuse every damaged copy."""
+    from disklesslog.errors import CorruptDataError
+    from disklesslog.sequencers import objectstore_format as seqfmt
+
+    root = tmp_path / "sequencer"
+    _sequencer_log(root)
+    rng = random.Random(31)
+    objects = [(p, int(p.name), True) for p in sorted((root / "log").iterdir())]
+    objects += [(p, int(p.name[:20]), False) for p in sorted((root / "checkpoints").iterdir())]
+    for path, number, is_entry in objects:
+        data = path.read_bytes()
+        for _ in range(20):
+            damaged = bytearray(data)
+            if rng.random() < 0.5:
+                at = rng.randrange(len(data) * 8)
+                damaged[at // 8] ^= 1 << (at % 8)
+            else:
+                damaged = damaged[: rng.randrange(len(data))]
+            spec = spec_entry if is_entry else spec_checkpoint
+            code = seqfmt.decode_entry if is_entry else seqfmt.decode_checkpoint
+            with pytest.raises(SpecCorrupt):
+                spec(bytes(damaged), number)  # type: ignore[operator]
+            with pytest.raises(CorruptDataError):
+                code(bytes(damaged), number, str(path))  # type: ignore[operator]
