@@ -23,15 +23,19 @@ moved row breaks it. A consumer group's row in ``groups`` counts its offset rows
 
 from __future__ import annotations
 
+import functools
+import itertools
 import json
+import operator
 import threading
 from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, NamedTuple, TypeVar
 
 import msgpack
 from crc32c import crc32c  # the C function itself: format.crc32c adds a frame per row
 
 from ..errors import ConfigError, CorruptDataError
+from .base import BatchToCommit
 from .producers import ProducerStreamState
 
 T = TypeVar("T")
@@ -42,10 +46,14 @@ __all__ = [
     "LAYOUTS",
     "Seen",
     "StateCache",
+    "StreamRow",
     "Tiling",
+    "check_batch_numbers",
     "check_int64",
     "damaged_row",
+    "greatest",
     "json_value",
+    "new_stream_row",
     "row_crc",
     "row_crcs",
     "tile_existing",
@@ -85,6 +93,25 @@ LAYOUTS: dict[str, tuple[str, ...]] = {
 }
 """Per table, the values its ``crc`` covers, in order (``object_key`` is the key of the
 batch's object, found through ``object_id``). docs/sequencers.md specifies them."""
+
+
+class StreamRow(NamedTuple):
+    """A verified ``streams`` row: exactly what its checksum covers, in that order
+    (built with :func:`new_stream_row`)."""
+
+    id: int
+    name: str
+    config: str
+    start_offset: int
+    end_offset: int
+    max_timestamp: int | None
+    unindexed: int
+    tail_gap: int
+
+
+new_stream_row = functools.partial(tuple.__new__, StreamRow)
+"""A :class:`StreamRow` from a sequence of its 8 values, without ``NamedTuple``'s
+Python-level ``__new__`` (commits build one per stream)."""
 
 _ADVICE = (
     "the sequencer database is damaged; see 'A damaged sequencer database' in docs/operations.md"
@@ -159,6 +186,44 @@ def json_value(text: object, kind: type, database: str, table: str, key: str) ->
     if not isinstance(value, kind):
         raise damaged_row(database, table, key, f"its JSON column does not hold a {kind.__name__}")
     return value
+
+
+_NUMBERS = operator.attrgetter(
+    "position",
+    "size",
+    "span",
+    "record_count",
+    "max_timestamp",
+    "producer_id",
+    "producer_epoch",
+    "base_sequence",
+)
+
+
+def check_batch_numbers(batches: Iterable[BatchToCommit]) -> Sequence[BatchToCommit]:
+    """Every number of a batch is an int, before anything compares or stores it: a
+    float would be stored as it is (and fail its row checksum on the next read), a str
+    raise TypeError. Ints beyond 64 bits are refused where they are bound (the driver's
+    OverflowError or the server's range check, as ConfigError). One pass
+    in C over all of them. (A stop-gap until the shared checks in ``common.py`` cover
+    it.)"""
+    if not isinstance(batches, (list, tuple)):
+        batches = list(batches)
+    if all(type(b) is BatchToCommit for b in batches) and set(
+        map(type, itertools.chain.from_iterable(map(_NUMBERS, batches)))
+    ) <= {int}:
+        return batches
+    for b in batches:
+        if isinstance(b, BatchToCommit) and not all(type(v) is int for v in _NUMBERS(b)):
+            raise ConfigError(f"a batch's numbers must be ints: {b}")
+    return batches
+
+
+def greatest(current: int | None, new: int | None) -> int | None:
+    """The larger of two running maxima, either possibly unknown (None)."""
+    if current is None:
+        return new
+    return current if new is None else max(current, new)
 
 
 def check_int64(value: object, what: str) -> int:

@@ -52,9 +52,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import itertools
 import math
-import operator
 import os
 import random
 import sqlite3
@@ -63,7 +61,7 @@ import time
 import weakref
 from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from typing import Any, NamedTuple
+from typing import Any
 from urllib.parse import parse_qsl, quote, unquote, urlsplit
 
 from ..api import validate_group_name, validate_stream_name
@@ -115,10 +113,14 @@ from .producers import ProducerStreamState
 from .rows import (
     Seen,
     StateCache,
+    StreamRow,
     Tiling,
+    check_batch_numbers,
     check_int64,
     damaged_row,
+    greatest,
     json_value,
+    new_stream_row,
     row_crc,
     row_crcs,
     tile_existing,
@@ -241,7 +243,7 @@ _STREAM = (
     "SELECT id, name, config, start_offset, end_offset, max_timestamp, unindexed, tail_gap, crc"
     " FROM streams"
 )
-_EXTENT = (  # what a commit reads of a stream: with a row it saw (_Stream), all it needs
+_EXTENT = (  # what a commit reads of a stream: with a row it saw (StreamRow), all it needs
     "SELECT id, name, end_offset, max_timestamp, unindexed, tail_gap, crc FROM streams"
 )
 _PUT_EXTENT = (
@@ -269,20 +271,6 @@ _PUT_TIME_INDEX = (
     "INSERT OR REPLACE INTO time_index (stream_id, max_timestamp, next_offset, crc)"
     " VALUES (?, ?, ?, ?)"
 )
-
-
-class _Stream(NamedTuple):
-    """A verified ``streams`` row: exactly what its checksum covers, in that order
-    (built with :func:`_new_stream`)."""
-
-    id: int
-    name: str
-    config: str
-    start_offset: int
-    end_offset: int
-    max_timestamp: int | None
-    unindexed: int
-    tail_gap: int
 
 
 # ------------------------------------------------------------------------------ URLs
@@ -420,7 +408,7 @@ class SqliteSequencer(Sequencer):
         self._connections: weakref.WeakSet[_Connection] = weakref.WeakSet()
         self._closed = False
         self._states = StateCache(self.path)
-        self._streams: Seen[_Stream] = Seen()  # stream rows by id, as last seen
+        self._streams: Seen[StreamRow] = Seen()  # stream rows by id, as last seen
         self._damage: str | None = None  # what the first integrity check after damage found
         parent = os.path.dirname(self.path)
         try:
@@ -697,7 +685,7 @@ class SqliteSequencer(Sequencer):
                 cursor = db.execute(
                     "INSERT INTO streams (name, config) VALUES (?, ?)", (name, text)
                 )
-                row = _Stream(_rowid(cursor), name, text, 0, 0, None, 0, 0)
+                row = StreamRow(_rowid(cursor), name, text, 0, 0, None, 0, 0)
                 db.execute("UPDATE streams SET crc = ? WHERE id = ?", (row_crc(row), row.id))
             return self._meta(row)
 
@@ -739,11 +727,11 @@ class SqliteSequencer(Sequencer):
         with self._transaction(_SNAPSHOT) as db:
             return self._meta(self._stream_row(db, name))
 
-    def _meta(self, row: _Stream) -> StreamMeta:
+    def _meta(self, row: StreamRow) -> StreamMeta:
         config = json_value(row.config, dict, self.path, "streams", f"{row.name!r}")
         return StreamMeta(row.name, row.start_offset, row.end_offset, config)
 
-    def _stream_row(self, db: sqlite3.Connection, name: str) -> _Stream:
+    def _stream_row(self, db: sqlite3.Connection, name: str) -> StreamRow:
         """The verified row of ``name``; StreamNotFound."""
         row = self._find_stream(db, name)
         if row is None:
@@ -751,7 +739,7 @@ class SqliteSequencer(Sequencer):
             raise StreamNotFound(f"stream {name!r} does not exist")
         return row
 
-    def _find_stream(self, db: sqlite3.Connection, name: str) -> _Stream | None:
+    def _find_stream(self, db: sqlite3.Connection, name: str) -> StreamRow | None:
         """The verified row of ``name``, or None. Before saying a stream does not exist,
         every row is read and verified without the name index (about a microsecond per
         stream): a damaged index entry or name must not make a stream vanish, or let a
@@ -766,7 +754,7 @@ class SqliteSequencer(Sequencer):
                 )
         return None
 
-    def _verified(self, row: Sequence[Any]) -> _Stream:
+    def _verified(self, row: Sequence[Any]) -> StreamRow:
         """A ``_STREAM`` row, its checksum verified, unless this process saw it as it is.
 
         :attr:`_streams` remembers rows by their ``_EXTENT`` columns, which a commit
@@ -777,13 +765,13 @@ class SqliteSequencer(Sequencer):
         seen = self._streams.get(row[0], _extent(row))
         if seen is not None and seen == row[:8]:
             return seen
-        values = _new_stream(row[:8])
+        values = new_stream_row(row[:8])
         if row_crc(values) != row[8]:
             raise damaged_row(self.path, "streams", f"{values.name!r} (id {values.id})")
         self._streams.put(row[0], _extent(row), values)
         return values
 
-    def _put_stream(self, db: sqlite3.Connection, row: _Stream) -> None:
+    def _put_stream(self, db: sqlite3.Connection, row: StreamRow) -> None:
         crc = row_crc(row)
         db.execute(_PUT_STREAM, (*row[2:], crc, row.id))
         self._streams.put(row.id, _extent((*row, crc)), row)
@@ -824,7 +812,7 @@ class SqliteSequencer(Sequencer):
 
     def commit(self, object_key: str, batches: Sequence[BatchToCommit]) -> list[CommitResult]:
         check_object_key(object_key)
-        batches = check_batches(_check_numbers(batches))
+        batches = check_batches(check_batch_numbers(batches))
         now = float(self._clock())
         with self._transaction(_WRITE) as db:
             plan, streams = self._plan(db, batches)
@@ -833,12 +821,12 @@ class SqliteSequencer(Sequencer):
 
     def _plan(
         self, db: sqlite3.Connection, batches: Sequence[BatchToCommit]
-    ) -> tuple[CommitPlan, list[tuple[_Stream, StreamCursor]]]:
+    ) -> tuple[CommitPlan, list[tuple[StreamRow, StreamCursor]]]:
         """Load what the commit's batches touch (every row verified), then judge them
         with the shared rules. Returns the plan and each touched stream's row with the
         cursor the plan moved."""
         names = list(dict.fromkeys(b.stream for b in batches))
-        streams: list[tuple[_Stream, StreamCursor]] = []
+        streams: list[tuple[StreamRow, StreamCursor]] = []
         cursors: dict[str, StreamCursor] = {}
         seen = self._streams.get
         for chunk in _chunks(names):
@@ -894,7 +882,7 @@ class SqliteSequencer(Sequencer):
         db: sqlite3.Connection,
         parts: Sequence[tuple[str, Sequence[tuple[StreamCursor, BatchToCommit, int]]]],
         plan: CommitPlan,
-        streams: Sequence[tuple[_Stream, StreamCursor]],
+        streams: Sequence[tuple[StreamRow, StreamCursor]],
         now: float,
     ) -> None:
         """Store a plan: each object's accepted batches (``parts``), then the streams'
@@ -928,7 +916,7 @@ class SqliteSequencer(Sequencer):
             db.executemany(_PUT_EXTENT, params)
             put = self._streams.put
             for new, p in zip(moved, params):  # the next commit loads these rows
-                put(new[0], (*new[:2], *new[4:], p[3]), _new_stream(new))
+                put(new[0], (*new[:2], *new[4:], p[3]), new_stream_row(new))
         if plan.states:
             db.executemany(
                 "INSERT OR REPLACE INTO producer_streams (stream_id, producer_id, state, crc)"
@@ -948,7 +936,7 @@ class SqliteSequencer(Sequencer):
         either answer the original ranges (recording unknown objects as orphans) or plan
         and store every object's batches and the id."""
         txn, checked, flat = check_transaction(transaction_id, objects)
-        _check_numbers(flat)
+        check_batch_numbers(flat)
         now = float(self._clock())
         with self._transaction(_WRITE) as db:
             db.execute(
@@ -1036,7 +1024,7 @@ class SqliteSequencer(Sequencer):
             return BatchPage(found, start, end)
 
     def _locations(
-        self, stream: _Stream, rows: Iterable[Sequence[Any]], tiling: Tiling | None
+        self, stream: StreamRow, rows: Iterable[Sequence[Any]], tiling: Tiling | None
     ) -> Iterator[BatchLocation]:
         """Verified locations of ``_BATCH`` rows of ``stream``, in the order read, each
         checked to follow the one before (``tiling``)."""
@@ -1111,7 +1099,7 @@ class SqliteSequencer(Sequencer):
             self._put_stream(db, row._replace(start_offset=before))
 
     def _batches(
-        self, db: sqlite3.Connection, stream: _Stream, where: str, params: Sequence[Any]
+        self, db: sqlite3.Connection, stream: StreamRow, where: str, params: Sequence[Any]
     ) -> list[tuple[int, BatchLocation]]:
         """``(object id, location)`` of the batches of ``stream`` a trim or delete is
         about to drop, verified and checked to tile from the start offset: an object's
@@ -1124,7 +1112,7 @@ class SqliteSequencer(Sequencer):
     def _released(
         self,
         db: sqlite3.Connection,
-        stream: _Stream,
+        stream: StreamRow,
         olds: Sequence[tuple[int, BatchLocation]],
         deleted: int,
         now: float,
@@ -1198,14 +1186,14 @@ class SqliteSequencer(Sequencer):
             self._put_stream(
                 db,
                 row._replace(
-                    max_timestamp=_greatest(row.max_timestamp, new_max),
+                    max_timestamp=greatest(row.max_timestamp, new_max),
                     tail_gap=row.tail_gap + (leftover if following is None else 0),
                 ),
             )
             return True
 
     def _load_batches(
-        self, db: sqlite3.Connection, stream: _Stream, ids: Sequence[int]
+        self, db: sqlite3.Connection, stream: StreamRow, ids: Sequence[int]
     ) -> list[tuple[int, BatchLocation, int]]:
         """``(object_id, location, gap)`` of the live batches of ``stream`` among ``ids``,
         verified, in offset order."""
@@ -1427,11 +1415,6 @@ class SqliteSequencer(Sequencer):
 # ----------------------------------------------------------------------- helpers
 
 
-_new_stream = functools.partial(tuple.__new__, _Stream)
-"""A ``_Stream`` from a tuple of its 8 values, without ``NamedTuple``'s Python-level
-``__new__`` (commits build one per stream)."""
-
-
 def _rowid(cursor: sqlite3.Cursor) -> int:
     """The id SQLite gave the row an INSERT just added."""
     if cursor.lastrowid is None:  # pragma: no cover - every INSERT here adds a row
@@ -1480,42 +1463,6 @@ def _extent(row: Sequence[Any]) -> tuple[Any, ...]:
 def _orphan(key: str, now: float) -> tuple[str, int, float, int]:
     """``_INSERT_OBJECT`` parameters of an object without live batches, dead from ``now``."""
     return (key, 0, now, row_crc((key, 0, now)))
-
-
-def _greatest(current: int | None, new: int | None) -> int | None:
-    if current is None:
-        return new
-    return current if new is None else max(current, new)
-
-
-_NUMBERS = operator.attrgetter(
-    "position",
-    "size",
-    "span",
-    "record_count",
-    "max_timestamp",
-    "producer_id",
-    "producer_epoch",
-    "base_sequence",
-)
-
-
-def _check_numbers(batches: Iterable[BatchToCommit]) -> Sequence[BatchToCommit]:
-    """Every number of a batch is an int, before anything compares or stores it: a
-    float would be stored as it is (and fail its row checksum on the next read), a str
-    raise TypeError. Ints beyond 64 bits are refused by :meth:`_transaction`. One pass
-    in C over all of them. (A stop-gap until the shared checks in ``common.py`` cover
-    it.)"""
-    if not isinstance(batches, (list, tuple)):
-        batches = list(batches)
-    if all(type(b) is BatchToCommit for b in batches) and set(
-        map(type, itertools.chain.from_iterable(map(_NUMBERS, batches)))
-    ) <= {int}:
-        return batches
-    for b in batches:
-        if isinstance(b, BatchToCommit) and not all(type(v) is int for v in _NUMBERS(b)):
-            raise ConfigError(f"a batch's numbers must be ints: {b}")
-    return batches
 
 
 def _repair_time_index(

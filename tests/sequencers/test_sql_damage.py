@@ -328,7 +328,7 @@ def _postgres_database(url: str, schema: str) -> Database:
     )
 
 
-@pytest.fixture(params=["sqlite"])
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
 def database(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Database]:
     """A populated sequencer database (:func:`populate`), closed."""
     if request.param == "sqlite":
@@ -387,8 +387,8 @@ DAMAGES: dict[str, tuple[str, tuple[Any, ...], str, Callable[[Sequencer], Any]]]
         lambda seq: seq.commit("objects/x", [BatchToCommit("c", 0, 1, 1, 1, 1)]),
     ),
     "a stream's config": (
-        "UPDATE {t}streams SET config = '{\"retention_ms\": 6}' WHERE name = 'c'",
-        (),
+        "UPDATE {t}streams SET config = %s WHERE name = 'c'",
+        ('{"retention_ms": 6}',),
         "streams",
         lambda seq: seq.stream_info("c"),
     ),
@@ -490,8 +490,8 @@ DAMAGES: dict[str, tuple[str, tuple[Any, ...], str, Callable[[Sequencer], Any]]]
         lambda seq: seq.committed_offsets("g1"),
     ),
     "a transaction's ranges": (
-        "UPDATE {t}transactions SET ranges = '{\"b\": [80, 85]}'",
-        (),
+        "UPDATE {t}transactions SET ranges = %s",
+        ('{"b": [80, 85]}',),
         "transactions",
         lambda seq: seq.commit_transaction("txn-1", []),
     ),
@@ -526,7 +526,7 @@ def test_a_broken_json_config_is_a_typed_error(database: Database, checksum: str
     """The issue's case: broken JSON in a stream's config raised ``JSONDecodeError``.
     With the row's checksum stale (damage) or matching (a row a migration checksummed
     as it found it), reading the config is a CorruptDataError naming the stream."""
-    database.run("UPDATE {t}streams SET config = '{\"broken' WHERE name = 'a'", ())
+    database.run("UPDATE {t}streams SET config = %s WHERE name = 'a'", ('{"broken',))
     if checksum == "matching":
         (row,) = database.run(
             "SELECT id, name, config, start_offset, end_offset, max_timestamp, unindexed,"
