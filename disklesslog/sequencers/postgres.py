@@ -53,8 +53,16 @@ or a serialization failure (40001, not expected at READ COMMITTED), the whole ca
 retried with jittered, bounded backoff; it always re-reads the state it decides on.
 
 **Reads** are one statement each (one snapshot): ``find_batches`` reads the stream's
-extent and its first batches together, and continues through a server-side cursor of
+row and its first batches together, and continues through a server-side cursor of
 the same statement when a page needs more than :data:`_FIRST_PAGE_ROWS` batches.
+
+**Damage** (schema version 3): every row a later call trusts carries a CRC-32C of its
+columns, and a stream's batch rows prove themselves complete
+(:mod:`~disklesslog.sequencers.rows`); a mismatch is a
+:class:`~disklesslog.errors.CorruptDataError` naming the server, schema, table and row,
+as are PostgreSQL's own reports of damaged pages (SQLSTATE XX001, XX002). The commit
+keeps its four round trips: the object's row is inserted, or (a retried commit) locked
+by a no-op upsert and returned, then verified and counted by a fifth.
 
 **Connections** come from a :class:`psycopg_pool.ConnectionPool` (thread-safe, at most
 ``pool_size``). A connection found dead is replaced and the call retried when nothing
@@ -137,10 +145,12 @@ from .rows import (
     StreamRow,
     Tiling,
     check_batch_numbers,
+    check_garbage,
     check_int64,
     damaged_row,
     greatest,
     json_value,
+    name_key,
     new_stream_row,
     row_crc,
     row_crcs,
@@ -265,7 +275,8 @@ _MIGRATIONS: dict[int, tuple[str, tuple[str, ...]]] = {
         (
             # rows.LAYOUTS says what each crc covers; _checksum_existing_rows fills them.
             "ALTER TABLE {s}.streams ADD COLUMN tail_gap bigint NOT NULL DEFAULT 0,"
-            " ADD COLUMN crc bigint",
+            " ADD COLUMN crc bigint, ADD COLUMN name_key bigint",  # rows.name_key(name)
+            "CREATE INDEX streams_by_name_key ON {s}.streams (name_key)",
             "ALTER TABLE {s}.producers ADD COLUMN crc bigint",
             "ALTER TABLE {s}.producer_streams ADD COLUMN crc bigint",
             "ALTER TABLE {s}.objects ADD COLUMN crc bigint",
@@ -307,10 +318,11 @@ class _Queries:
 
     stream_row: str = f"SELECT {_STREAM_COLUMNS} FROM {{s}}.streams WHERE name = %s"
     all_streams: str = f"SELECT {_STREAM_COLUMNS} FROM {{s}}.streams ORDER BY name"
+    streams_by_key: str = f"SELECT {_STREAM_COLUMNS} FROM {{s}}.streams WHERE name_key = %s"
     lock_stream: str = f"SELECT {_STREAM_COLUMNS} FROM {{s}}.streams WHERE name = %s FOR UPDATE"
     insert_stream: str = (
-        "INSERT INTO {s}.streams (name, config) VALUES (%s, %s) ON CONFLICT (name) DO NOTHING"
-        " RETURNING id"
+        "INSERT INTO {s}.streams (name, config, name_key) VALUES (%s, %s, %s)"
+        " ON CONFLICT (name) DO NOTHING RETURNING id"
     )
     stream_crc: str = "UPDATE {s}.streams SET crc = %s WHERE id = %s"
     put_stream: str = (
@@ -497,9 +509,16 @@ class _Queries:
     delete_time_index: str = (
         "DELETE FROM {s}.time_index WHERE stream_id = %s AND max_timestamp = ANY(%s::bigint[])"
     )
+    # Garbage through the index of dead objects, each row with what one scan of the
+    # whole table counts (the same snapshot): rows due, and rows without a live batch
+    # nor a time of death.
     objects_to_delete: str = (
-        "SELECT id, key, live_batches, dead_since, crc FROM {s}.objects"
-        " WHERE dead_since IS NOT NULL AND dead_since <= %s ORDER BY dead_since, key"
+        "WITH n AS (SELECT count(*) FILTER (WHERE dead_since <= %(cutoff)s) AS due,"
+        " count(*) FILTER (WHERE live_batches = 0 AND dead_since IS NULL) AS undated"
+        " FROM {s}.objects)"
+        " SELECT n.due, n.undated, o.id, o.key, o.live_batches, o.dead_since, o.crc FROM n"
+        " LEFT JOIN (SELECT * FROM {s}.objects WHERE dead_since IS NOT NULL"
+        " AND dead_since <= %(cutoff)s) AS o ON true ORDER BY o.dead_since, o.key"
     )
     forget_objects: str = (
         "DELETE FROM {s}.objects WHERE key = ANY(%s) AND live_batches = 0"
@@ -964,7 +983,9 @@ class PostgresSequencer(Sequencer):
                 row = self._find_stream(conn, name)
                 if row is not None:
                     return self._meta(row)
-                inserted = conn.execute(self._q.insert_stream, (name, text)).fetchone()
+                inserted = conn.execute(
+                    self._q.insert_stream, (name, text, name_key(name))
+                ).fetchone()
                 if inserted is not None:
                     row = StreamRow(inserted[0], name, text, 0, 0, None, 0, 0)
                     conn.execute(self._q.stream_crc, (row_crc(row), row.id))
@@ -1017,27 +1038,30 @@ class PostgresSequencer(Sequencer):
 
     def _find_stream(self, conn: Connection, name: str) -> StreamRow | None:
         """The verified row of ``name``, or None. Before saying a stream does not exist,
-        every row is verified (about a microsecond per stream): a damaged name must not
-        make a stream vanish, or let a second one of that name be created."""
+        the rows with the name's ``name_key`` are verified: a damaged name must not make
+        a stream vanish, or let a second one of that name be created."""
         if "\x00" in name:  # never stored
             return None
         row = conn.execute(self._q.stream_row, (name,)).fetchone()
         if row is not None:
             return self._verified(row)
-        for found in conn.execute(self._q.all_streams).fetchall():
-            self._verified(found)
+        for found in conn.execute(self._q.streams_by_key, (name_key(name),)).fetchall():
+            if self._verified(found).name == name:  # a damaged index of names
+                raise damaged_row(
+                    self._where, "streams", f"{name!r}", "the index of stream names misses it"
+                )
         return None
 
     def _verified(self, row: Sequence[Any]) -> StreamRow:
         """A streams row (:data:`_STREAM_COLUMNS`), its checksum verified unless this
         process saw it exactly as it is."""
-        seen = self._streams.get(row[0], row)
+        seen = self._streams.hit(row[0], row)
         if seen is not None:
             return seen
         values = new_stream_row(row[:8])
         if row_crc(values) != row[8]:
             raise damaged_row(self._where, "streams", f"{values.name!r} (id {values.id})")
-        self._streams.put(row[0], row, values)
+        self._streams.keep(row[0], row, values)
         return values
 
     def _lock_stream(self, conn: Connection, name: str) -> StreamRow:
@@ -1052,7 +1076,7 @@ class PostgresSequencer(Sequencer):
     def _put_stream(self, conn: Connection, row: StreamRow) -> None:
         crc = row_crc(row)
         conn.execute(self._q.put_stream, (*row[2:], crc, row.id))
-        self._streams.put(row.id, (*row, crc), row)
+        self._streams.keep(row.id, (*row, crc), row)
 
     # -------------------------------------------------------------- producers
 
@@ -1169,7 +1193,7 @@ class PostgresSequencer(Sequencer):
             times = {(c.key, ts): offset for c, ts, offset in plan.time_index}  # last wins
         moved_crcs = list(row_crcs(moved))
         for new, crc in zip(moved, moved_crcs):  # the next commit loads these rows
-            self._streams.put(new[0], (*new, crc), new_stream_row(new))
+            self._streams.keep(new[0], (*new, crc), new_stream_row(new))
         entries = [(key[0], key[1], offset) for key, offset in times.items()]
         dead = None if accepted else now
         return {
@@ -1523,18 +1547,24 @@ class PostgresSequencer(Sequencer):
         return self._call(work, transaction=True)
 
     def objects_to_delete(self, grace_seconds: float) -> list[str]:
+        """Read through the index of dead objects, every row verified, then checked
+        against one scan of the table (a damaged index or ``dead_since`` must not hide
+        garbage forever)."""
         cutoff = self._clock() - grace_seconds
         rows = self._call(
-            lambda conn: conn.execute(self._q.objects_to_delete, (cutoff,)).fetchall()
+            lambda conn: conn.execute(self._q.objects_to_delete, {"cutoff": cutoff}).fetchall()
         )
         keys = []
         for row in rows:
-            _, key, live, _ = self._object(row)
+            if row[2] is None:  # no garbage: the counts alone
+                continue
+            _, key, live, _ = self._object(row[2:])
             if live:
                 raise damaged_row(
                     self._where, "objects", f"{key!r}", f"it is dead but counts {live} live batches"
                 )
             keys.append(key)
+        check_garbage(self._where, len(keys), rows[0][0], rows[0][1])
         return keys
 
     def forget_objects(self, object_keys: Sequence[str]) -> None:
@@ -1842,8 +1872,11 @@ def _checksum_existing_rows(conn: Connection, schema: str, database: str) -> Non
         updates.append((gap, row_crc(values), batch_id))
     update("UPDATE {s}.batches SET gap = %s, crc = %s WHERE id = %s", updates)
     update(
-        "UPDATE {s}.streams SET tail_gap = %s, crc = %s WHERE id = %s",
-        [(tails[row[0]], row_crc((*row, tails[row[0]])), row[0]) for row in streams],
+        "UPDATE {s}.streams SET tail_gap = %s, crc = %s, name_key = %s WHERE id = %s",
+        [
+            (tails[row[0]], row_crc((*row, tails[row[0]])), name_key(row[1]), row[0])
+            for row in streams
+        ],
     )
     states = StateCache(database)
     for stream_id, producer_id, text in run(

@@ -29,7 +29,7 @@ import json
 import operator
 import threading
 from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
-from typing import Any, Generic, NamedTuple, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 import msgpack
 from crc32c import crc32c  # the C function itself: format.crc32c adds a frame per row
@@ -49,10 +49,12 @@ __all__ = [
     "StreamRow",
     "Tiling",
     "check_batch_numbers",
+    "check_garbage",
     "check_int64",
     "damaged_row",
     "greatest",
     "json_value",
+    "name_key",
     "new_stream_row",
     "row_crc",
     "row_crcs",
@@ -136,35 +138,38 @@ def row_crc(values: Sequence[Any]) -> int:
     return int(crc32c(_pack()(values)))
 
 
+def name_key(name: str) -> int:
+    """A stream's ``name_key``: CRC-32C of its name in UTF-8. Indexed, so a lookup by
+    name that finds nothing can still find, in O(log n), a row whose name was damaged
+    (its checksum then fails) or that a damaged name index misses."""
+    return int(crc32c(name.encode("utf-8", "surrogatepass")))
+
+
 def row_crcs(rows: Iterable[Sequence[Any]]) -> Iterator[int]:
     """:func:`row_crc` of each of ``rows``, with no Python frame per row (commits
     checksum every row they write)."""
     return map(crc32c, map(_pack(), rows))
 
 
-class Seen(Generic[T]):
+class Seen(dict[Hashable, tuple[Sequence[Any], T]]):
     """Rows this process verified or wrote, by key, each with what it was decoded into:
     a row read back exactly as it was seen (every column and the checksum) needs no
     checksum computed again. Commits load the stream and producer-state rows the
     previous commit wrote, so this saves most of their verification. Always correct:
-    only an identical row hits, whoever wrote it. One dict access per call, so the GIL
-    makes it safe to share between threads; bounded, cleared when full."""
+    only an identical row hits, whoever wrote it. Hot loops read it as the dict it is
+    (``entry = seen.get(key)``, a hit if ``entry[0] == row``); :meth:`keep` bounds it.
+    Dict operations are atomic under the GIL, so threads may share it."""
 
     LIMIT = 65536
 
-    __slots__ = ("_entries",)
+    def hit(self, key: Hashable, row: Sequence[Any]) -> T | None:
+        entry = self.get(key)
+        return entry[1] if entry is not None and entry[0] == row else None
 
-    def __init__(self) -> None:
-        self._entries: dict[Hashable, tuple[Sequence[Any], T]] = {}
-
-    def get(self, key: Hashable, row: Sequence[Any]) -> T | None:
-        hit = self._entries.get(key)
-        return hit[1] if hit is not None and hit[0] == row else None
-
-    def put(self, key: Hashable, row: Sequence[Any], value: T) -> None:
-        if len(self._entries) >= self.LIMIT:
-            self._entries.clear()  # crude but bounded; a miss only costs a checksum
-        self._entries[key] = (row, value)
+    def keep(self, key: Hashable, row: Sequence[Any], value: T) -> None:
+        if len(self) >= self.LIMIT:
+            self.clear()  # crude but bounded; a miss only costs a checksum
+        self[key] = (row, value)
 
 
 def damaged_row(
@@ -173,6 +178,21 @@ def damaged_row(
     """The error for a row that is damaged, missing or inconsistent with the rows
     around it. ``key`` says which row (``"stream 'a'"``)."""
     return CorruptDataError(f"{problem}; {_ADVICE}", source=f"{database} table {table} row {key}")
+
+
+def check_garbage(database: str, listed: int, due: int, undated: int) -> None:
+    """What ``objects_to_delete`` read through the index of dead objects (``listed``)
+    against a scan of the whole table: as many rows ``due`` (dead long enough), and none
+    ``undated`` (no live batch, yet no time of death: a damaged ``dead_since`` would hide
+    the object from every collection)."""
+    if due != listed or undated:
+        raise damaged_row(
+            database,
+            "objects",
+            "(garbage)",
+            f"{listed} objects listed as garbage where a scan of the table finds {due}, "
+            f"and {undated} without live batches nor a time of death",
+        )
 
 
 def json_value(text: object, kind: type, database: str, table: str, key: str) -> Any:
@@ -298,10 +318,9 @@ class StateCache:
     def load(self, stream_id: Any, producer_id: int, text: Any, crc: Any) -> ProducerStreamState:
         """The state a ``producer_streams`` row holds, its checksum verified."""
         key = (stream_id, producer_id)
-        row = (text, crc)
-        state = self._seen.get(key, row)
-        if state is not None:
-            return state
+        entry = self._seen.get(key)
+        if entry is not None and entry[0] == (text, crc):
+            return entry[1]
         where = f"(stream id {stream_id}, producer {producer_id})"
         if row_crc((stream_id, producer_id, text)) != crc:
             raise damaged_row(self._database, "producer_streams", where)
@@ -311,19 +330,19 @@ class StateCache:
             raise damaged_row(
                 self._database, "producer_streams", where, "its state does not parse"
             ) from None
-        self._seen.put(key, row, state)
+        self._seen.keep(key, (text, crc), state)
         return state
 
     def store(
         self, states: Mapping[tuple[Any, int], ProducerStreamState]
     ) -> list[tuple[Any, int, str, int]]:
         """``(stream id, producer id, text, crc)`` of the rows that store ``states``."""
-        rows = [(key[0], key[1], state.to_json()) for key, state in states.items()]
-        put = self._seen.put
-        out = []
-        for row, crc, state in zip(rows, row_crcs(rows), states.values()):
-            put(row[:2], (row[2], crc), state)
-            out.append((*row, crc))
+        rows = [(*key, state.to_json()) for key, state in states.items()]
+        out = [(*row, crc) for row, crc in zip(rows, row_crcs(rows))]
+        seen = self._seen
+        if len(seen) + len(out) >= seen.LIMIT:
+            seen.clear()
+        seen.update(zip(states, zip(((r[2], r[3]) for r in out), states.values())))
         return out
 
 

@@ -116,10 +116,12 @@ from .rows import (
     StreamRow,
     Tiling,
     check_batch_numbers,
+    check_garbage,
     check_int64,
     damaged_row,
     greatest,
     json_value,
+    name_key,
     new_stream_row,
     row_crc,
     row_crcs,
@@ -162,7 +164,18 @@ and a checkpoint pause of tens of milliseconds every few thousand commits."""
 _WAL_SIZE_LIMIT = 64 << 20  # bytes the WAL file is truncated back to after a checkpoint
 _IN_CHUNK = 500  # "?" per IN list: well under SQLITE_MAX_VARIABLE_NUMBER (999 before 3.32)
 _DAMAGE_CODES = (11, 26)  # SQLITE_CORRUPT, SQLITE_NOTADB (primary result codes)
-_DAMAGE_TEXTS = ("malformed", "not a database", "Could not decode")
+_ERRORS = (sqlite3.Error, UnicodeDecodeError)
+"""What a call into ``sqlite3`` raises: its own errors, and UnicodeDecodeError when damaged
+text reaches Python, even inside SQLite's error message ("malformed database schema
+(...)" quoting the damaged bytes)."""
+_DAMAGE_TEXTS = (  # SQLite's words for a damaged file, or a schema not as this code wrote it
+    "malformed",
+    "not a database",
+    "Could not decode",
+    "no such table",
+    "no such column",
+    "has no column named",
+)
 
 _MIGRATIONS: dict[int, tuple[str, ...]] = {
     1: (
@@ -224,6 +237,8 @@ _MIGRATIONS: dict[int, tuple[str, ...]] = {
         # _checksum_existing_rows fills them for the rows already there.
         "ALTER TABLE streams ADD COLUMN tail_gap INTEGER NOT NULL DEFAULT 0",
         "ALTER TABLE streams ADD COLUMN crc INTEGER",
+        "ALTER TABLE streams ADD COLUMN name_key INTEGER",  # rows.name_key(name)
+        "CREATE INDEX streams_by_name_key ON streams (name_key)",
         "ALTER TABLE producers ADD COLUMN crc INTEGER",
         "ALTER TABLE producer_streams ADD COLUMN crc INTEGER",
         "ALTER TABLE objects ADD COLUMN crc INTEGER",
@@ -361,7 +376,7 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
-def _is_busy(exc: sqlite3.Error) -> bool:
+def _is_busy(exc: Exception) -> bool:
     text = str(exc)
     return "locked" in text or "busy" in text
 
@@ -455,7 +470,7 @@ class SqliteSequencer(Sequencer):
             db.execute(f"PRAGMA synchronous = {self.synchronous.upper()}")
             db.execute(f"PRAGMA wal_autocheckpoint = {_AUTOCHECKPOINT_PAGES}")
             db.execute(f"PRAGMA journal_size_limit = {_WAL_SIZE_LIMIT}")
-        except sqlite3.Error as exc:
+        except _ERRORS as exc:
             raise self._error(exc) from exc
         holder = _Connection(db)
         with self._lock:
@@ -484,7 +499,7 @@ class SqliteSequencer(Sequencer):
         for holder in holders:
             with holder.lock:
                 holder.closed = True
-                with contextlib.suppress(sqlite3.Error):
+                with contextlib.suppress(*_ERRORS):
                     holder.db.close()
         _LIVE.discard(self)
 
@@ -503,7 +518,7 @@ class SqliteSequencer(Sequencer):
                 yield db
             except BaseException as exc:
                 self._rollback(db)
-                if isinstance(exc, sqlite3.Error):
+                if isinstance(exc, _ERRORS):
                     raise self._error(exc) from exc
                 if isinstance(exc, OverflowError):  # an int SQLite cannot bind
                     raise ConfigError(
@@ -513,7 +528,7 @@ class SqliteSequencer(Sequencer):
                 raise
             try:
                 db.execute("COMMIT")
-            except sqlite3.Error as exc:
+            except _ERRORS as exc:
                 self._rollback(db)
                 raise self._error(exc) from exc
 
@@ -524,7 +539,7 @@ class SqliteSequencer(Sequencer):
         if begin != _WRITE:
             try:
                 db.execute(begin)
-            except sqlite3.Error as exc:
+            except _ERRORS as exc:
                 raise self._error(exc) from exc
             return
         try:
@@ -541,19 +556,19 @@ class SqliteSequencer(Sequencer):
                         delay = min(delay * 1.5, _LOCK_RETRY_MAX)
                         continue
                     raise
-        except sqlite3.Error as exc:
+        except _ERRORS as exc:
             raise self._error(exc) from exc
         finally:
-            with contextlib.suppress(sqlite3.Error):
+            with contextlib.suppress(*_ERRORS):
                 db.execute(f"PRAGMA busy_timeout = {int(self.timeout * 1000)}")
 
     @staticmethod
     def _rollback(db: sqlite3.Connection) -> None:
-        with contextlib.suppress(sqlite3.Error):
+        with contextlib.suppress(*_ERRORS):
             if db.in_transaction:
                 db.execute("ROLLBACK")
 
-    def _error(self, exc: sqlite3.Error) -> Exception:
+    def _error(self, exc: Exception) -> Exception:
         if self._closed:
             return LogClosedError(f"{self!r} was closed")
         text = str(exc)
@@ -564,8 +579,10 @@ class SqliteSequencer(Sequencer):
                 "the URL"
             )
         code = getattr(exc, "sqlite_errorcode", None)
-        if (isinstance(code, int) and code & 0xFF in _DAMAGE_CODES) or any(
-            t in text for t in _DAMAGE_TEXTS
+        if (
+            isinstance(exc, UnicodeDecodeError)
+            or (isinstance(code, int) and code & 0xFF in _DAMAGE_CODES)
+            or any(t in text for t in _DAMAGE_TEXTS)
         ):
             return CorruptDataError(
                 f"SQLite reports: {text}{self._damage_found()}; nothing was applied. See 'A "
@@ -585,7 +602,7 @@ class SqliteSequencer(Sequencer):
                     found = [str(row[0]) for row in db.execute("PRAGMA quick_check(5)")]
                 if found != ["ok"]:
                     self._damage = "; PRAGMA quick_check found: " + " | ".join(found)
-            except sqlite3.Error as exc:
+            except _ERRORS as exc:
                 self._damage = f"; PRAGMA quick_check failed: {exc}"
         return self._damage
 
@@ -602,8 +619,8 @@ class SqliteSequencer(Sequencer):
         with SQLite's first findings, also when the damage stops the check itself."""
         try:
             found = [str(row[0]) for row in db.execute(f"PRAGMA {pragma}(10)")]
-        except sqlite3.DatabaseError as exc:
-            if _is_busy(exc):
+        except (sqlite3.DatabaseError, UnicodeDecodeError) as exc:
+            if isinstance(exc, sqlite3.Error) and _is_busy(exc):
                 raise
             found = [f"the check stopped: {exc}"]
         if found != ["ok"]:
@@ -671,7 +688,7 @@ class SqliteSequencer(Sequencer):
                         delay = min(delay * 2, 0.1)
                         continue
                     raise self._error(exc) from exc
-                except sqlite3.Error as exc:
+                except _ERRORS as exc:
                     raise self._error(exc) from exc
 
     # ---------------------------------------------------------------- streams
@@ -683,7 +700,8 @@ class SqliteSequencer(Sequencer):
             row = self._find_stream(db, name)
             if row is None:
                 cursor = db.execute(
-                    "INSERT INTO streams (name, config) VALUES (?, ?)", (name, text)
+                    "INSERT INTO streams (name, config, name_key) VALUES (?, ?, ?)",
+                    (name, text, name_key(name)),
                 )
                 row = StreamRow(_rowid(cursor), name, text, 0, 0, None, 0, 0)
                 db.execute("UPDATE streams SET crc = ? WHERE id = ?", (row_crc(row), row.id))
@@ -741,13 +759,13 @@ class SqliteSequencer(Sequencer):
 
     def _find_stream(self, db: sqlite3.Connection, name: str) -> StreamRow | None:
         """The verified row of ``name``, or None. Before saying a stream does not exist,
-        every row is read and verified without the name index (about a microsecond per
-        stream): a damaged index entry or name must not make a stream vanish, or let a
-        second one of the same name be created."""
+        the rows with the name's ``name_key`` are verified: a damaged name, or a damaged
+        entry of the name index, must not make a stream vanish or let a second one of
+        that name be created."""
         row = db.execute(_STREAM + " WHERE name = ?", (name,)).fetchone()
         if row is not None:
             return self._verified(row)
-        for found in db.execute(_STREAM + " NOT INDEXED"):
+        for found in db.execute(_STREAM + " WHERE name_key = ?", (name_key(name),)):
             if self._verified(found).name == name:
                 raise damaged_row(
                     self.path, "streams", f"{name!r}", "the index of stream names misses it"
@@ -762,19 +780,19 @@ class SqliteSequencer(Sequencer):
         writes the new checksum over the ``config`` and ``start_offset`` it remembers
         (should those have been damaged meanwhile, the next full read sees the
         mismatch)."""
-        seen = self._streams.get(row[0], _extent(row))
+        seen = self._streams.hit(row[0], _extent(row))
         if seen is not None and seen == row[:8]:
             return seen
         values = new_stream_row(row[:8])
         if row_crc(values) != row[8]:
             raise damaged_row(self.path, "streams", f"{values.name!r} (id {values.id})")
-        self._streams.put(row[0], _extent(row), values)
+        self._streams.keep(row[0], _extent(row), values)
         return values
 
     def _put_stream(self, db: sqlite3.Connection, row: StreamRow) -> None:
         crc = row_crc(row)
         db.execute(_PUT_STREAM, (*row[2:], crc, row.id))
-        self._streams.put(row.id, _extent((*row, crc)), row)
+        self._streams.keep(row.id, _extent((*row, crc)), row)
 
     # -------------------------------------------------------------- producers
 
@@ -831,9 +849,13 @@ class SqliteSequencer(Sequencer):
         seen = self._streams.get
         for chunk in _chunks(names):
             for found in db.execute(_EXTENT + f" WHERE name IN ({_marks(len(chunk))})", chunk):
-                row = seen(found[0], found) or self._verified(
-                    db.execute(_STREAM + " WHERE id = ?", found[:1]).fetchone()
-                )
+                entry = seen(found[0])
+                if entry is not None and entry[0] == found:
+                    row = entry[1]
+                else:
+                    row = self._verified(
+                        db.execute(_STREAM + " WHERE id = ?", found[:1]).fetchone()
+                    )
                 cursor = StreamCursor(row.id, row.end_offset, row.max_timestamp, row.unindexed)
                 cursors[row.name] = cursor
                 streams.append((row, cursor))
@@ -912,11 +934,15 @@ class SqliteSequencer(Sequencer):
             moved = [
                 (*row[:4], c.end, c.max_timestamp, c.unindexed, 0) for row, c in streams if c.dirty
             ]
-            params = [(*new[4:7], crc, new[0]) for new, crc in zip(moved, row_crcs(moved))]
-            db.executemany(_PUT_EXTENT, params)
-            put = self._streams.put
-            for new, p in zip(moved, params):  # the next commit loads these rows
-                put(new[0], (*new[:2], *new[4:], p[3]), new_stream_row(new))
+            crcs = list(row_crcs(moved))
+            db.executemany(_PUT_EXTENT, [(*new[4:7], crc, new[0]) for new, crc in zip(moved, crcs)])
+            seen = self._streams  # the next commit loads these rows
+            if len(seen) + len(moved) >= seen.LIMIT:
+                seen.clear()
+            seen.update(
+                (new[0], ((*new[:2], *new[4:], crc), new_stream_row(new)))
+                for new, crc in zip(moved, crcs)
+            )
         if plan.states:
             db.executemany(
                 "INSERT OR REPLACE INTO producer_streams (stream_id, producer_id, state, crc)"
@@ -1285,6 +1311,9 @@ class SqliteSequencer(Sequencer):
         return row[0], row[1], row[2], row[3]
 
     def objects_to_delete(self, grace_seconds: float) -> list[str]:
+        """Read through the index of dead objects, every row verified, then checked
+        against one scan of the table in C (a damaged index or ``dead_since`` must not
+        hide garbage forever)."""
         cutoff = self._clock() - grace_seconds
         with self._transaction(_SNAPSHOT) as db:
             rows = db.execute(
@@ -1303,6 +1332,13 @@ class SqliteSequencer(Sequencer):
                         f"it is dead but counts {live} live batches",
                     )
                 keys.append(key)
+            due, undated = db.execute(
+                "SELECT coalesce(sum(dead_since IS NOT NULL AND dead_since <= ?), 0),"
+                " coalesce(sum(live_batches = 0 AND dead_since IS NULL), 0)"
+                " FROM objects NOT INDEXED",
+                (cutoff,),
+            ).fetchone()
+            check_garbage(self.path, len(keys), due, undated)
             return keys
 
     def forget_objects(self, object_keys: Sequence[str]) -> None:
@@ -1516,8 +1552,11 @@ def _checksum_existing_rows(db: sqlite3.Connection, path: str) -> None:
         updates.append((gap, row_crc(values), batch_id))
     db.executemany("UPDATE batches SET gap = ?, crc = ? WHERE id = ?", updates)
     db.executemany(
-        "UPDATE streams SET tail_gap = ?, crc = ? WHERE id = ?",
-        [(tails[row[0]], row_crc((*row, tails[row[0]])), row[0]) for row in streams],
+        "UPDATE streams SET tail_gap = ?, crc = ?, name_key = ? WHERE id = ?",
+        [
+            (tails[row[0]], row_crc((*row, tails[row[0]])), name_key(row[1]), row[0])
+            for row in streams
+        ],
     )
     _checksum_rows(db, "producers", ("id", "name", "epoch"), ("id",))
     _checksum_rows(db, "objects", ("key", "live_batches", "dead_since"), ("id",))

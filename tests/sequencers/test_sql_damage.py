@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import random
+import re
 import sqlite3
 import uuid
 from collections.abc import Callable, Iterator
@@ -27,12 +28,14 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+import crc32c
+import msgpack
 import pytest
 
 from disklesslog.errors import ConfigError, CorruptDataError, DisklessLogError
 from disklesslog.sequencers import BatchLocation, BatchToCommit, Sequencer
 from disklesslog.sequencers import sqlite as sqlite_module
-from disklesslog.sequencers.rows import row_crc
+from disklesslog.sequencers.rows import LAYOUTS, row_crc
 from disklesslog.sequencers.sqlite import SqliteSequencer
 
 NOW = 1_700_000_000.0
@@ -211,29 +214,44 @@ def open_check(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) 
     return str(request.param)
 
 
-@pytest.mark.parametrize("damage", ["flip", "zero", "cut"])
-def test_damaged_sqlite_files_read_intact_or_are_refused(
-    golden: Golden, tmp_path: Path, open_check: str, damage: str
-) -> None:
+def _fuzz(golden: Golden, directory: Path, damage: str, count: int, seed: int) -> dict[str, int]:
+    """``count`` damaged copies (and the header's bytes), each read and written: how
+    many read intact, how many were refused."""
     size = len(golden.data)
-    seed = {"flip": 1, "zero": 2, "cut": 3}[damage]
     rng = random.Random(seed)
     outcomes: dict[str, int] = {}
-    for position in _positions(size, 100, seed):
+    for position in _positions(size, count, seed):
         if damage == "flip":
             edit = _flip(position, rng.randrange(8))
         elif damage == "zero":
             edit = _zero(position, rng.choice([1, 8, 64]))
         else:
             edit = _cut(position)
-        path = _damaged(golden, tmp_path, edit)
+        path = _damaged(golden, directory, edit)
         try:
             result = _outcome(path, golden)
         except AssertionError as exc:
             raise AssertionError(f"{damage} at byte {position} of {size}: {exc}") from exc
         outcomes[result] = outcomes.get(result, 0) + 1
-    print(f"{damage}, {open_check}: {outcomes}")
+        path.unlink()
+    return outcomes
+
+
+@pytest.mark.parametrize("damage", ["flip", "zero", "cut"])
+def test_damaged_sqlite_files_read_intact_or_are_refused(
+    golden: Golden, tmp_path: Path, open_check: str, damage: str
+) -> None:
+    outcomes = _fuzz(golden, tmp_path, damage, 100, seed=len(damage))
     assert outcomes.get("refused", 0) > 10, outcomes  # the damage was noticed, often
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("damage", ["flip", "zero", "cut"])
+def test_damaged_sqlite_files_at_many_more_positions(
+    golden: Golden, tmp_path: Path, open_check: str, damage: str
+) -> None:
+    outcomes = _fuzz(golden, tmp_path, damage, 1500, seed=100 + len(damage))
+    assert outcomes.get("refused", 0) > 150, outcomes
 
 
 def test_a_zeroed_page_is_refused_page_by_page(golden: Golden, tmp_path: Path) -> None:
@@ -250,6 +268,27 @@ def test_a_zeroed_page_is_refused_page_by_page(golden: Golden, tmp_path: Path) -
             path = _damaged(golden, tmp_path, _zero(page * page_size, page_size))
             refused += _outcome(path, golden) == "refused"
     assert refused >= pages // 2
+
+
+@pytest.mark.parametrize(
+    ("original", "damaged"),
+    [
+        (b"CREATE TABLE streams", b"CREATE TABLE str\xacams"),  # not UTF-8, even in errors
+        (b"tail_gap INTEGER", b"tail_gaq INTEGER"),  # still SQL: the column is gone
+    ],
+)
+def test_a_damaged_schema_is_refused_by_name(
+    golden: Golden, tmp_path: Path, original: bytes, damaged: bytes
+) -> None:
+    """The schema SQLite keeps as text on the first page, damaged: text that is not
+    UTF-8 (which made ``sqlite3`` raise UnicodeDecodeError from SQLite's own error
+    message), or a column renamed: CorruptDataError naming the file."""
+    assert golden.data.count(original) == 1
+    path = tmp_path / "meta.db"
+    path.write_bytes(golden.data.replace(original, damaged))
+    with pytest.raises(CorruptDataError) as caught, SqliteSequencer(path, clock=clock) as seq:
+        snapshot(seq)
+    assert caught.value.source == str(path)
 
 
 def test_a_file_that_is_not_a_database_is_refused_by_name(tmp_path: Path) -> None:
@@ -453,6 +492,12 @@ DAMAGES: dict[str, tuple[str, tuple[Any, ...], str, Callable[[Sequencer], Any]]]
         "objects",
         lambda seq: seq.objects_to_delete(0),
     ),
+    "a dead object's time of death": (
+        "UPDATE {t}objects SET dead_since = NULL WHERE key = 'objects/orphan-1'",
+        (),
+        "objects",
+        lambda seq: seq.objects_to_delete(0),
+    ),
     "an object row": (
         "DELETE FROM {t}objects WHERE key = 'objects/0007'",
         (),
@@ -560,3 +605,34 @@ def test_numbers_beyond_64_bits_are_config_errors(database: Database) -> None:
                 call()
         assert seq.offset_for_time("a", (1 << 63) - 1) is None
         assert snapshot(seq) == before
+
+
+# -------------------------------------------------------------------- the spec
+
+
+def test_row_checksums_follow_the_spec(golden: Golden, tmp_path: Path) -> None:
+    """docs/sequencers.md lists the values each table's checksum covers exactly as
+    ``rows.LAYOUTS`` does, and a checksum computed from the spec alone (one msgpack
+    array, CRC-32C) matches every row of a real database."""
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "sequencers.md").read_text("utf-8")
+    section = doc[doc.index("### The checksum") : doc.index("### Complete streams")]
+    specified = {}
+    for line in section.splitlines():
+        found = re.match(r"\| `(\w+)` \| (.+?) \| .+ \|$", line)
+        if found:
+            names = re.findall(r"`(\w+)`", found[2])
+            specified[found[1]] = tuple(
+                "object_key" if n == "key" and found[1] == "batches" else n for n in names
+            )
+    assert specified == LAYOUTS
+    path = tmp_path / "meta.db"
+    path.write_bytes(golden.data)
+    checked = 0
+    with contextlib.closing(sqlite3.connect(path)) as db:
+        for table, columns in LAYOUTS.items():
+            names = ", ".join("o.key" if c == "object_key" else f"t.{c}" for c in columns)
+            join = " JOIN objects AS o ON o.id = t.object_id" if table == "batches" else ""
+            for *values, crc in db.execute(f"SELECT {names}, t.crc FROM {table} AS t{join}"):
+                assert crc32c.crc32c(msgpack.packb(values)) == crc, (table, values)
+                checked += 1
+    assert checked > 100  # every table, with more than one row in most
