@@ -35,6 +35,7 @@ from disklesslog.errors import (
 )
 from disklesslog.sequencers import BatchToCommit, CommitResult, open_sequencer
 from disklesslog.sequencers import postgres as pg_module
+from disklesslog.sequencers import postgres_schema as pg_schema
 from disklesslog.sequencers.postgres import (
     SCHEMA_VERSION,
     PostgresSequencer,
@@ -255,11 +256,11 @@ def test_a_new_migration_step_is_applied_on_open(
         seq.create_stream("a", {})
     step = SCHEMA_VERSION + 1
     migrations = {
-        **pg_module._MIGRATIONS,
+        **pg_schema.MIGRATIONS,
         step: ("a test step", ("ALTER TABLE {s}.streams ADD COLUMN note text",)),
     }
-    monkeypatch.setattr(pg_module, "_MIGRATIONS", migrations)
-    monkeypatch.setattr(pg_module, "SCHEMA_VERSION", step)
+    monkeypatch.setattr(pg_schema, "MIGRATIONS", migrations)
+    monkeypatch.setattr(pg_schema, "SCHEMA_VERSION", step)
     with PostgresSequencer(schema_url) as seq:
         assert seq.list_streams() == ["a"]
     with PostgresSequencer(schema_url) as seq:  # applied once, not again
@@ -273,8 +274,8 @@ def test_a_new_migration_step_is_applied_on_open(
 def test_a_failed_migration_leaves_nothing(
     schema_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    broken = {1: ("broken", (*pg_module._MIGRATIONS[1][1], "THIS IS NOT SQL"))}
-    monkeypatch.setattr(pg_module, "_MIGRATIONS", broken)
+    broken = {1: ("broken", (*pg_schema.MIGRATIONS[1][1], "THIS IS NOT SQL"))}
+    monkeypatch.setattr(pg_schema, "MIGRATIONS", broken)
     with pytest.raises(SequencerError, match="could not prepare the sequencer schema"):
         PostgresSequencer(schema_url)
     schema = _schema_of(schema_url)
@@ -289,10 +290,10 @@ def _old_schema(url: str, version: int, config: str = '{"compression": "zstd"}')
     schema = _schema_of(url)
     statements: list[tuple[str, tuple[Any, ...]]] = [
         ("CREATE SCHEMA {s}", ()),
-        (pg_module._CREATE_VERSION_TABLE, ()),
+        (pg_schema.CREATE_VERSION_TABLE, ()),
     ]
     for step in range(1, version + 1):
-        description, ddl = pg_module._MIGRATIONS[step]
+        description, ddl = pg_schema.MIGRATIONS[step]
         statements += [(statement, ()) for statement in ddl]
         statements.append(
             (

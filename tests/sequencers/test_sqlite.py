@@ -15,8 +15,7 @@ from pathlib import Path
 import pytest
 
 from disklesslog.errors import CorruptDataError, InvalidURL, LogClosedError, SequencerError
-from disklesslog.sequencers import BatchToCommit, CommitResult, open_sequencer
-from disklesslog.sequencers import sqlite as sqlite_module
+from disklesslog.sequencers import BatchToCommit, CommitResult, open_sequencer, sqlite_schema
 from disklesslog.sequencers.memory import MemorySequencer, reset_memory_sequencers
 from disklesslog.sequencers.sqlite import (
     TIME_INDEX_INTERVAL,
@@ -152,7 +151,7 @@ def _old_database(path: Path, version: int, config: str = '{"compression": "zstd
     with contextlib.closing(sqlite3.connect(path)) as db, db:
         db.execute("CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL) WITHOUT ROWID")
         for step in range(1, version + 1):
-            for statement in sqlite_module._MIGRATIONS[step]:
+            for statement in sqlite_schema.MIGRATIONS[step]:
                 db.execute(statement)
         db.execute("INSERT INTO meta VALUES ('schema_version', ?)", (str(version),))
         db.execute("INSERT INTO streams VALUES (1, 'a', ?, 3, 12, 40, 4)", (config,))
