@@ -218,9 +218,10 @@ class _Queries:
     """Every statement, as a template naming the schema ``{s}``; :meth:`render` quotes
     the schema once per sequencer (values are always ``%s`` parameters)."""
 
-    stream_row: str = f"SELECT {_STREAM_COLUMNS} FROM {{s}}.streams WHERE name = %s"
+    stream_row: str = (  # the stream, and any whose name_key is its name's (rows.name_key)
+        f"SELECT {_STREAM_COLUMNS} FROM {{s}}.streams WHERE name = %s OR name_key = %s"
+    )
     all_streams: str = f"SELECT {_STREAM_COLUMNS} FROM {{s}}.streams ORDER BY name"
-    streams_by_key: str = f"SELECT {_STREAM_COLUMNS} FROM {{s}}.streams WHERE name_key = %s"
     lock_stream: str = f"SELECT {_STREAM_COLUMNS} FROM {{s}}.streams WHERE name = %s FOR UPDATE"
     insert_stream: str = (
         "INSERT INTO {s}.streams (name, config, name_key) VALUES (%s, %s, %s)"
@@ -939,20 +940,18 @@ class PostgresSequencer(Sequencer):
         return StreamMeta(row.name, row.start_offset, row.end_offset, config)
 
     def _find_stream(self, conn: Connection, name: str) -> StreamRow | None:
-        """The verified row of ``name``, or None. Before saying a stream does not exist,
-        the rows with the name's ``name_key`` are verified: a damaged name must not make
-        a stream vanish, or let a second one of that name be created."""
+        """The verified row of ``name``, or None. The rows with the name's ``name_key``
+        come with it, in the same statement (one snapshot), and are verified too: a
+        damaged name must not make a stream vanish, or let a second one of that name be
+        created. (A damaged name index is harmless here: the key's index finds the row.)"""
         if "\x00" in name:  # never stored
             return None
-        row = conn.execute(self._q.stream_row, (name,)).fetchone()
-        if row is not None:
-            return self._verified(row)
-        for found in conn.execute(self._q.streams_by_key, (name_key(name),)).fetchall():
-            if self._verified(found).name == name:  # a damaged index of names
-                raise damaged_row(
-                    self._where, "streams", f"{name!r}", "the index of stream names misses it"
-                )
-        return None
+        found = None
+        for row in conn.execute(self._q.stream_row, (name, name_key(name))).fetchall():
+            verified = self._verified(row)
+            if verified.name == name:
+                found = verified
+        return found
 
     def _verified(self, row: Sequence[Any]) -> StreamRow:
         """A streams row (:data:`_STREAM_COLUMNS`), its checksum verified unless this
