@@ -141,7 +141,6 @@ from .common import (
 )
 from .producers import ProducerStreamState
 from .rows import (
-    Seen,
     StateCache,
     StreamRow,
     Tiling,
@@ -698,7 +697,6 @@ class PostgresSequencer(Sequencer):
         self._pid = os.getpid()
         self._where = f"PostgreSQL {self.url} schema {self.schema}"
         self._states = StateCache(self._where)
-        self._streams: Seen[StreamRow] = Seen()  # stream rows by id, as last seen
         self._q = self._migrate()
         self._pool = self._new_pool()
         _LIVE.add(self)
@@ -956,13 +954,9 @@ class PostgresSequencer(Sequencer):
     def _verified(self, row: Sequence[Any]) -> StreamRow:
         """A streams row (:data:`_STREAM_COLUMNS`), its checksum verified unless this
         process saw it exactly as it is."""
-        seen = self._streams.hit(row[0], row)
-        if seen is not None:
-            return seen
         values = new_stream_row(row[:8])
         if row_crc(values) != row[8]:
             raise damaged_row(self._where, "streams", f"{values.name!r} (id {values.id})")
-        self._streams.keep(row[0], row, values)
         return values
 
     def _lock_stream(self, conn: Connection, name: str) -> StreamRow:
@@ -975,9 +969,7 @@ class PostgresSequencer(Sequencer):
         return self._verified(row)
 
     def _put_stream(self, conn: Connection, row: StreamRow) -> None:
-        crc = row_crc(row)
-        conn.execute(self._q.put_stream, (*row[2:], crc, row.id))
-        self._streams.keep(row.id, (*row, crc), row)
+        conn.execute(self._q.put_stream, (*row[2:], row_crc(row), row.id))
 
     # -------------------------------------------------------------- producers
 
@@ -1093,8 +1085,6 @@ class PostgresSequencer(Sequencer):
             states = self._states.store(plan.states)
             times = {(c.key, ts): offset for c, ts, offset in plan.time_index}  # last wins
         moved_crcs = list(row_crcs(moved))
-        for new, crc in zip(moved, moved_crcs):  # the next commit loads these rows
-            self._streams.keep(new[0], (*new, crc), new_stream_row(new))
         entries = [(key[0], key[1], offset) for key, offset in times.items()]
         dead = None if accepted else now
         return {
@@ -1469,7 +1459,9 @@ class PostgresSequencer(Sequencer):
         return keys
 
     def forget_objects(self, object_keys: Sequence[str]) -> None:
-        keys = [key for key in check_keys(object_keys) if "\x00" not in key]  # never stored
+        keys = [  # a key with NUL was never stored
+            key for key in map(check_object_key, check_keys(object_keys)) if "\x00" not in key
+        ]
 
         def work(conn: Connection) -> None:
             for row in conn.execute(self._q.forget_objects, (keys,)).fetchall():

@@ -28,8 +28,8 @@ import itertools
 import json
 import operator
 import threading
-from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
-from typing import Any, NamedTuple, TypeVar
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any, NamedTuple
 
 import msgpack
 from crc32c import crc32c  # the C function itself: format.crc32c adds a frame per row
@@ -38,13 +38,10 @@ from ..errors import ConfigError, CorruptDataError
 from .base import BatchToCommit
 from .producers import ProducerStreamState
 
-T = TypeVar("T")
-
 __all__ = [
     "INT64_MAX",
     "INT64_MIN",
     "LAYOUTS",
-    "Seen",
     "StateCache",
     "StreamRow",
     "Tiling",
@@ -149,27 +146,6 @@ def row_crcs(rows: Iterable[Sequence[Any]]) -> Iterator[int]:
     """:func:`row_crc` of each of ``rows``, with no Python frame per row (commits
     checksum every row they write)."""
     return map(crc32c, map(_pack(), rows))
-
-
-class Seen(dict[Hashable, tuple[Sequence[Any], T]]):
-    """Rows this process verified or wrote, by key, each with what it was decoded into:
-    a row read back exactly as it was seen (every column and the checksum) needs no
-    checksum computed again. Commits load the stream and producer-state rows the
-    previous commit wrote, so this saves most of their verification. Always correct:
-    only an identical row hits, whoever wrote it. Hot loops read it as the dict it is
-    (``entry = seen.get(key)``, a hit if ``entry[0] == row``); :meth:`keep` bounds it.
-    Dict operations are atomic under the GIL, so threads may share it."""
-
-    LIMIT = 65536
-
-    def hit(self, key: Hashable, row: Sequence[Any]) -> T | None:
-        entry = self.get(key)
-        return entry[1] if entry is not None and entry[0] == row else None
-
-    def keep(self, key: Hashable, row: Sequence[Any], value: T) -> None:
-        if len(self) >= self.LIMIT:
-            self.clear()  # crude but bounded; a miss only costs a checksum
-        self[key] = (row, value)
 
 
 def damaged_row(
@@ -308,19 +284,24 @@ class Tiling:
 
 class StateCache:
     """Producer states by (stream id, producer id), verified and decoded from their
-    ``producer_streams`` rows; an identical row (:class:`Seen`) skips the checksum and
-    the JSON decode. A writer's next commit loads the row it stored itself."""
+    ``producer_streams`` rows. A writer's next commit loads the row it stored itself, so
+    a row whose text and checksum are those this process last wrote or verified skips
+    the checksum and the JSON decode. Always correct: only an identical row hits,
+    whoever wrote it, and a rolled-back entry simply misses. One dict access per call,
+    so the GIL makes it safe to share between threads."""
+
+    LIMIT = 65536
 
     def __init__(self, database: str) -> None:
         self._database = database
-        self._seen: Seen[ProducerStreamState] = Seen()
+        self._seen: dict[tuple[Any, int], tuple[tuple[str, int], ProducerStreamState]] = {}
 
     def load(self, stream_id: Any, producer_id: int, text: Any, crc: Any) -> ProducerStreamState:
         """The state a ``producer_streams`` row holds, its checksum verified."""
         key = (stream_id, producer_id)
-        entry = self._seen.get(key)
-        if entry is not None and entry[0] == (text, crc):
-            return entry[1]
+        seen = self._seen.get(key)
+        if seen is not None and seen[0] == (text, crc):
+            return seen[1]
         where = f"(stream id {stream_id}, producer {producer_id})"
         if row_crc((stream_id, producer_id, text)) != crc:
             raise damaged_row(self._database, "producer_streams", where)
@@ -330,7 +311,7 @@ class StateCache:
             raise damaged_row(
                 self._database, "producer_streams", where, "its state does not parse"
             ) from None
-        self._seen.keep(key, (text, crc), state)
+        self._keep([(key, ((text, crc), state))])
         return state
 
     def store(
@@ -339,11 +320,15 @@ class StateCache:
         """``(stream id, producer id, text, crc)`` of the rows that store ``states``."""
         rows = [(*key, state.to_json()) for key, state in states.items()]
         out = [(*row, crc) for row, crc in zip(rows, row_crcs(rows))]
-        seen = self._seen
-        if len(seen) + len(out) >= seen.LIMIT:
-            seen.clear()
-        seen.update(zip(states, zip(((r[2], r[3]) for r in out), states.values())))
+        self._keep(zip(states, zip(((r[2], r[3]) for r in out), states.values())))
         return out
+
+    def _keep(
+        self, entries: Iterable[tuple[tuple[Any, int], tuple[tuple[str, int], ProducerStreamState]]]
+    ) -> None:
+        if len(self._seen) >= self.LIMIT:
+            self._seen.clear()  # crude but bounded; a miss only costs a decode
+        self._seen.update(entries)
 
 
 def tile_existing(

@@ -111,7 +111,6 @@ from .common import (
 )
 from .producers import ProducerStreamState
 from .rows import (
-    Seen,
     StateCache,
     StreamRow,
     Tiling,
@@ -177,9 +176,6 @@ _DAMAGE_TEXTS = (  # SQLite's words for a damaged file, or a schema not as this 
 _STREAM = (
     "SELECT id, name, config, start_offset, end_offset, max_timestamp, unindexed, tail_gap, crc"
     " FROM streams"
-)
-_EXTENT = (  # what a commit reads of a stream: with a row it saw (StreamRow), all it needs
-    "SELECT id, name, end_offset, max_timestamp, unindexed, tail_gap, crc FROM streams"
 )
 _PUT_EXTENT = (
     "UPDATE streams SET end_offset = ?, max_timestamp = ?, unindexed = ?, tail_gap = 0, crc = ?"
@@ -343,7 +339,6 @@ class SqliteSequencer(Sequencer):
         self._connections: weakref.WeakSet[_Connection] = weakref.WeakSet()
         self._closed = False
         self._states = StateCache(self.path)
-        self._streams: Seen[StreamRow] = Seen()  # stream rows by id, as last seen
         self._damage: str | None = None  # what the first integrity check after damage found
         parent = os.path.dirname(self.path)
         try:
@@ -678,26 +673,14 @@ class SqliteSequencer(Sequencer):
         return None
 
     def _verified(self, row: Sequence[Any]) -> StreamRow:
-        """A ``_STREAM`` row, its checksum verified, unless this process saw it as it is.
-
-        :attr:`_streams` remembers rows by their ``_EXTENT`` columns, which a commit
-        reads: a commit finds a row it wrote itself without reading ``config``, and
-        writes the new checksum over the ``config`` and ``start_offset`` it remembers
-        (should those have been damaged meanwhile, the next full read sees the
-        mismatch)."""
-        seen = self._streams.hit(row[0], _extent(row))
-        if seen is not None and seen == row[:8]:
-            return seen
+        """A ``_STREAM`` row, its checksum verified."""
         values = new_stream_row(row[:8])
         if row_crc(values) != row[8]:
             raise damaged_row(self.path, "streams", f"{values.name!r} (id {values.id})")
-        self._streams.keep(row[0], _extent(row), values)
         return values
 
     def _put_stream(self, db: sqlite3.Connection, row: StreamRow) -> None:
-        crc = row_crc(row)
-        db.execute(_PUT_STREAM, (*row[2:], crc, row.id))
-        self._streams.keep(row.id, _extent((*row, crc)), row)
+        db.execute(_PUT_STREAM, (*row[2:], row_crc(row), row.id))
 
     # -------------------------------------------------------------- producers
 
@@ -751,16 +734,12 @@ class SqliteSequencer(Sequencer):
         names = list(dict.fromkeys(b.stream for b in batches))
         streams: list[tuple[StreamRow, StreamCursor]] = []
         cursors: dict[str, StreamCursor] = {}
-        seen = self._streams.get
         for chunk in _chunks(names):
-            for found in db.execute(_EXTENT + f" WHERE name IN ({_marks(len(chunk))})", chunk):
-                entry = seen(found[0])
-                if entry is not None and entry[0] == found:
-                    row = entry[1]
-                else:
-                    row = self._verified(
-                        db.execute(_STREAM + " WHERE id = ?", found[:1]).fetchone()
-                    )
+            found = db.execute(_STREAM + f" WHERE name IN ({_marks(len(chunk))})", chunk).fetchall()
+            rows = [new_stream_row(r[:8]) for r in found]
+            for row, stored, crc in zip(rows, found, row_crcs(rows)):  # one C loop of CRCs
+                if crc != stored[8]:
+                    raise damaged_row(self.path, "streams", f"{row.name!r} (id {row.id})")
                 cursor = StreamCursor(row.id, row.end_offset, row.max_timestamp, row.unindexed)
                 cursors[row.name] = cursor
                 streams.append((row, cursor))
@@ -839,14 +818,8 @@ class SqliteSequencer(Sequencer):
             moved = [
                 (*row[:4], c.end, c.max_timestamp, c.unindexed, 0) for row, c in streams if c.dirty
             ]
-            crcs = list(row_crcs(moved))
-            db.executemany(_PUT_EXTENT, [(*new[4:7], crc, new[0]) for new, crc in zip(moved, crcs)])
-            seen = self._streams  # the next commit loads these rows
-            if len(seen) + len(moved) >= seen.LIMIT:
-                seen.clear()
-            seen.update(
-                (new[0], ((*new[:2], *new[4:], crc), new_stream_row(new)))
-                for new, crc in zip(moved, crcs)
+            db.executemany(
+                _PUT_EXTENT, [(*new[4:7], crc, new[0]) for new, crc in zip(moved, row_crcs(moved))]
             )
         if plan.states:
             db.executemany(
@@ -1247,7 +1220,7 @@ class SqliteSequencer(Sequencer):
             return keys
 
     def forget_objects(self, object_keys: Sequence[str]) -> None:
-        keys = list(check_keys(object_keys))
+        keys = [check_object_key(key) for key in check_keys(object_keys)]
         with self._transaction(_WRITE) as db:
             for chunk in _chunks(keys):
                 found = db.execute(
@@ -1368,11 +1341,6 @@ def _file_size(path: str) -> int:
         return os.path.getsize(path)
     except OSError:
         return 0
-
-
-def _extent(row: Sequence[Any]) -> tuple[Any, ...]:
-    """The ``_EXTENT`` columns of a ``_STREAM`` row."""
-    return (row[0], row[1], *row[4:9])
 
 
 def _orphan(key: str, now: float) -> tuple[str, int, float, int]:

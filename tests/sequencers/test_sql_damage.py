@@ -583,10 +583,10 @@ def test_a_broken_json_config_is_a_typed_error(database: Database, checksum: str
     _expect_damage(database, "streams", lambda seq: seq.alter_stream("a", {"retention_ms": 1}))
 
 
-def test_numbers_beyond_64_bits_are_config_errors(database: Database) -> None:
+def test_arguments_sql_cannot_store_are_config_errors(database: Database) -> None:
     """Issue item 7: ``offset_for_time(2**63)`` and ``commit_offsets(..., 2**63)`` raised
-    OverflowError from the driver; every number is refused with ConfigError, and
-    nothing changes."""
+    OverflowError from the driver. Every number beyond 64 bits, a float where an int is
+    stored, an object key that is not a str: ConfigError, and nothing changes."""
     with database.open() as seq:
         before = snapshot(seq)
         for call in (
@@ -600,6 +600,7 @@ def test_numbers_beyond_64_bits_are_config_errors(database: Database) -> None:
             lambda: seq.commit_transaction(
                 "t", [("objects/y", [BatchToCommit("a", 0, 1, 1, 1, 1 << 64)])]
             ),
+            lambda: seq.forget_objects([1]),  # type: ignore[list-item]
         ):
             with pytest.raises(ConfigError):
                 call()
