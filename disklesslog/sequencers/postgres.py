@@ -144,9 +144,7 @@ from .rows import (
     StateCache,
     StreamRow,
     Tiling,
-    check_batch_numbers,
     check_garbage,
-    check_int64,
     damaged_row,
     greatest,
     json_value,
@@ -1008,7 +1006,7 @@ class PostgresSequencer(Sequencer):
 
     def commit(self, object_key: str, batches: Sequence[BatchToCommit]) -> list[CommitResult]:
         _check_text(check_object_key(object_key), "object key")
-        batches = check_batches(check_batch_numbers(batches))
+        batches = check_batches(batches)
 
         def work(conn: Connection) -> list[CommitResult]:
             now = float(self._clock())
@@ -1123,7 +1121,6 @@ class PostgresSequencer(Sequencer):
         in name order as :meth:`commit` does and write every object's batches, one
         statement per object; the stream extents go with the last one."""
         txn, checked, flat = check_transaction(transaction_id, objects)
-        check_batch_numbers(flat)
         for key, _ in checked:
             _check_text(key, "object key")
 
@@ -1229,7 +1226,7 @@ class PostgresSequencer(Sequencer):
         validate_stream_name(stream)
         params = {
             "name": stream,
-            "offset": check_int64(offset, "offset"),
+            "offset": check_position(offset, "offset"),
             "limit": _FIRST_PAGE_ROWS,
         }
 
@@ -1316,7 +1313,7 @@ class PostgresSequencer(Sequencer):
             yield BatchLocation(batch_id, key, position, size, base, last, max_ts)
 
     def offset_for_time(self, stream: str, timestamp: int) -> int | None:
-        check_int64(timestamp, "timestamp")  # any int: timestamps may be negative
+        check_position(timestamp, "timestamp")  # any int: timestamps may be negative
         validate_stream_name(stream)
         params = {"name": stream, "ts": timestamp}
 
@@ -1401,7 +1398,7 @@ class PostgresSequencer(Sequencer):
             for b in news:
                 _check_text(b.object_key, "object key")
                 for value in (b.position, b.size, b.base_offset, b.last_offset, b.max_timestamp):
-                    check_int64(value, "a replacement batch's numbers")
+                    check_position(value, "a replacement batch's numbers")
             # The offsets the old batches held (with the gap before the first) are now
             # the new batches' and their gaps; what is left over joins the gap of the
             # next batch, or the stream's tail.
@@ -1618,7 +1615,7 @@ class PostgresSequencer(Sequencer):
     def commit_offsets(self, group: str, offsets: Mapping[str, int]) -> None:
         checked = check_offsets(group, offsets)
         for name, offset in checked.items():
-            check_int64(offset, f"offset of {name!r}")
+            check_position(offset, f"offset of {name!r}")
         if not checked:
             return
         _check_text(group, "group name")

@@ -24,7 +24,6 @@ moved row breaks it. A consumer group's row in ``groups`` counts its offset rows
 from __future__ import annotations
 
 import functools
-import itertools
 import json
 import operator
 import threading
@@ -34,8 +33,7 @@ from typing import Any, NamedTuple
 import msgpack
 from crc32c import crc32c  # the C function itself: format.crc32c adds a frame per row
 
-from ..errors import ConfigError, CorruptDataError
-from .base import BatchToCommit
+from ..errors import CorruptDataError
 from .producers import ProducerStreamState
 
 __all__ = [
@@ -45,9 +43,7 @@ __all__ = [
     "StateCache",
     "StreamRow",
     "Tiling",
-    "check_batch_numbers",
     "check_garbage",
-    "check_int64",
     "damaged_row",
     "greatest",
     "json_value",
@@ -196,38 +192,11 @@ _NUMBERS = operator.attrgetter(
 )
 
 
-def check_batch_numbers(batches: Iterable[BatchToCommit]) -> Sequence[BatchToCommit]:
-    """Every number of a batch is an int, before anything compares or stores it: a
-    float would be stored as it is (and fail its row checksum on the next read), a str
-    raise TypeError. Ints beyond 64 bits are refused where they are bound (the driver's
-    OverflowError or the server's range check, as ConfigError). One pass
-    in C over all of them. (A stop-gap until the shared checks in ``common.py`` cover
-    it.)"""
-    if not isinstance(batches, (list, tuple)):
-        batches = list(batches)
-    if all(type(b) is BatchToCommit for b in batches) and set(
-        map(type, itertools.chain.from_iterable(map(_NUMBERS, batches)))
-    ) <= {int}:
-        return batches
-    for b in batches:
-        if isinstance(b, BatchToCommit) and not all(type(v) is int for v in _NUMBERS(b)):
-            raise ConfigError(f"a batch's numbers must be ints: {b}")
-    return batches
-
-
 def greatest(current: int | None, new: int | None) -> int | None:
     """The larger of two running maxima, either possibly unknown (None)."""
     if current is None:
         return new
     return current if new is None else max(current, new)
-
-
-def check_int64(value: object, what: str) -> int:
-    """An int that SQL stores (signed 64 bits), else ConfigError (not the drivers'
-    OverflowError or a silently stored float)."""
-    if type(value) is not int or not INT64_MIN <= value <= INT64_MAX:
-        raise ConfigError(f"{what} must be an int from {INT64_MIN} to {INT64_MAX}, not {value!r}")
-    return value
 
 
 class Tiling:

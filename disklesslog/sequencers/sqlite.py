@@ -114,9 +114,7 @@ from .rows import (
     StateCache,
     StreamRow,
     Tiling,
-    check_batch_numbers,
     check_garbage,
-    check_int64,
     damaged_row,
     greatest,
     json_value,
@@ -718,7 +716,7 @@ class SqliteSequencer(Sequencer):
 
     def commit(self, object_key: str, batches: Sequence[BatchToCommit]) -> list[CommitResult]:
         check_object_key(object_key)
-        batches = check_batches(check_batch_numbers(batches))
+        batches = check_batches(batches)
         now = float(self._clock())
         with self._transaction(_WRITE) as db:
             plan, streams = self._plan(db, batches)
@@ -840,7 +838,6 @@ class SqliteSequencer(Sequencer):
         either answer the original ranges (recording unknown objects as orphans) or plan
         and store every object's batches and the id."""
         txn, checked, flat = check_transaction(transaction_id, objects)
-        check_batch_numbers(flat)
         now = float(self._clock())
         with self._transaction(_WRITE) as db:
             db.execute(
@@ -942,7 +939,7 @@ class SqliteSequencer(Sequencer):
             yield BatchLocation(batch_id, key, position, size, base, last, max_ts)
 
     def offset_for_time(self, stream: str, timestamp: int) -> int | None:
-        check_int64(timestamp, "timestamp")  # any int: timestamps may be negative
+        check_position(timestamp, "timestamp")  # any int: timestamps may be negative
         with self._transaction(_SNAPSHOT) as db:
             row = self._stream_row(db, stream)
             if row.max_timestamp is None or row.max_timestamp < timestamp:
@@ -1054,7 +1051,7 @@ class SqliteSequencer(Sequencer):
             check_new_batches(stream, old_locations, news)
             for b in news:
                 for value in (b.position, b.size, b.base_offset, b.last_offset, b.max_timestamp):
-                    check_int64(value, "a replacement batch's numbers")
+                    check_position(value, "a replacement batch's numbers")
             # The offsets the old batches held (with the gap before the first) are now
             # the new batches' and their gaps; what is left over joins the gap of the
             # next batch, or the stream's tail.
@@ -1259,7 +1256,7 @@ class SqliteSequencer(Sequencer):
     def commit_offsets(self, group: str, offsets: Mapping[str, int]) -> None:
         checked = check_offsets(group, offsets)
         for name, offset in checked.items():
-            check_int64(offset, f"offset of {name!r}")
+            check_position(offset, f"offset of {name!r}")
         if not checked:
             return
         with self._transaction(_WRITE) as db:

@@ -32,7 +32,7 @@ import crc32c
 import msgpack
 import pytest
 
-from disklesslog.errors import ConfigError, CorruptDataError, DisklessLogError
+from disklesslog.errors import ConfigError, CorruptDataError, DisklessLogError, SequencerError
 from disklesslog.sequencers import BatchLocation, BatchToCommit, Sequencer
 from disklesslog.sequencers import sqlite as sqlite_module
 from disklesslog.sequencers.rows import LAYOUTS, row_crc
@@ -585,8 +585,9 @@ def test_a_broken_json_config_is_a_typed_error(database: Database, checksum: str
 
 def test_arguments_sql_cannot_store_are_config_errors(database: Database) -> None:
     """Issue item 7: ``offset_for_time(2**63)`` and ``commit_offsets(..., 2**63)`` raised
-    OverflowError from the driver. Every number beyond 64 bits, a float where an int is
-    stored, an object key that is not a str: ConfigError, and nothing changes."""
+    OverflowError from the driver. Every number beyond 64 bits and an object key that is
+    not a str: ConfigError; a float where an int is stored: a malformed batch
+    (SequencerError); and nothing changes."""
     with database.open() as seq:
         before = snapshot(seq)
         for call in (
@@ -595,7 +596,6 @@ def test_arguments_sql_cannot_store_are_config_errors(database: Database) -> Non
             lambda: seq.commit_offsets("g1", {"a": 1 << 63}),
             lambda: seq.commit("objects/x", [BatchToCommit("a", 1 << 63, 1, 1, 1, 1)]),
             lambda: seq.commit("objects/x", [BatchToCommit("a", 0, 1, 1, 1, 1 << 63)]),
-            lambda: seq.commit("objects/x", [BatchToCommit("a", 0, 1, 1, 1, 1.5)]),  # type: ignore[arg-type]
             lambda: seq.commit("objects/x", [BatchToCommit("a", 0, 1, 1 << 63, 1, 1)]),
             lambda: seq.commit_transaction(
                 "t", [("objects/y", [BatchToCommit("a", 0, 1, 1, 1, 1 << 64)])]
@@ -604,6 +604,9 @@ def test_arguments_sql_cannot_store_are_config_errors(database: Database) -> Non
         ):
             with pytest.raises(ConfigError):
                 call()
+        # A float where an int belongs is a malformed batch, as on every sequencer.
+        with pytest.raises(SequencerError):
+            seq.commit("objects/x", [BatchToCommit("a", 0, 1, 1, 1, 1.5)])  # type: ignore[arg-type]
         assert seq.offset_for_time("a", (1 << 63) - 1) is None
         assert snapshot(seq) == before
 
