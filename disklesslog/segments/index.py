@@ -34,6 +34,8 @@ TIME_ENTRY = struct.Struct("<qI")
 HEADER = struct.Struct("<4sIII")
 """magic, entry count (u32), CRC-32C of the entries (u32), CRC-32C of bytes 0..12 (u32)."""
 
+_HEAD = struct.Struct("<4sII")  # the header's bytes 0..12
+_U32 = struct.Struct("<I")
 _MAGICS = {OFFSET_ENTRY.format: b"DLXO", TIME_ENTRY.format: b"DLXT"}
 _TYPECODES = {OFFSET_ENTRY.format: ("I", "I"), TIME_ENTRY.format: ("q", "I")}
 
@@ -46,7 +48,7 @@ class SparseIndex:
     CRC-32C, which the next entries' checksum continues.
     """
 
-    __slots__ = ("_disk", "_disk_crc", "_entry", "_magic", "keys", "path", "values")
+    __slots__ = ("_disk", "_disk_crc", "_entry", "_magic", "keys", "path", "tidy", "values")
 
     def __init__(self, path: Path, entry: struct.Struct) -> None:
         self.path = path
@@ -57,6 +59,8 @@ class SparseIndex:
         self.values = array(value_code)
         self._disk = 0
         self._disk_crc = 0
+        self.tidy = True
+        """Whether the last :meth:`load` found nothing after the counted entries."""
 
     def __len__(self) -> int:
         return len(self.keys)
@@ -94,6 +98,7 @@ class SparseIndex:
         :meth:`refresh`.
         """
         self.clear()
+        self.tidy = True
         try:
             with open(self.path, "rb") as f:
                 data = f.read()
@@ -104,7 +109,8 @@ class SparseIndex:
             return False
         count, crc = header
         end = HEADER.size + count * self._entry.size
-        if len(data) < end or (strict and len(data) != end):
+        self.tidy = len(data) == end
+        if len(data) < end or (strict and not self.tidy):
             return False
         entries = memoryview(data)[HEADER.size : end]
         if crc32c(entries) != crc:
@@ -147,8 +153,8 @@ class SparseIndex:
         return count, crc
 
     def _pack_header(self, count: int, crc: int) -> bytes:
-        head = HEADER.pack(self._magic, count, crc, 0)[:-4]
-        return head + struct.pack("<I", crc32c(head))
+        head = _HEAD.pack(self._magic, count, crc)
+        return head + _U32.pack(crc32c(head))
 
     def _extend(self, data: bytes | memoryview, *, max_key: int, max_value: int) -> bool:
         size = self._entry.size
@@ -178,28 +184,23 @@ class SparseIndex:
         self.values.append(value)
         if not persist:
             return
+        if len(self.keys) != self._disk + 1:  # entries held in memory only: write them all
+            self.rewrite()
+            return
+        # The caller holds the stream lock, so memory is authoritative: the entry goes
+        # right after the counted ones (over a torn one a crash left there). Should the
+        # file differ from memory anyway, its checksum tells the next load.
         entry = self._entry.pack(key, value)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        crc = crc32c(entry, self._disk_crc)
+        fd = os.open(self.path, os.O_WRONLY | os.O_CREAT, 0o644)
         try:
-            size = os.fstat(fd).st_size
-            expected = HEADER.size + self._disk * self._entry.size
-            new_file = size == 0 and self._disk == 0
-            if len(self.keys) != self._disk + 1 or not (size == expected or new_file):
-                # A torn entry from a crash, or entries dropped in memory: the caller
-                # holds the stream lock, so memory is authoritative.
-                os.close(fd)
-                fd = -1
-                self.rewrite()
-                return
-            crc = crc32c(entry, self._disk_crc)
-            if new_file:
-                os.pwrite(fd, self._pack_header(1, crc) + entry, 0)
-            else:
-                os.pwrite(fd, entry, size)
+            if self._disk:
+                os.pwrite(fd, entry, HEADER.size + self._disk * self._entry.size)
                 os.pwrite(fd, self._pack_header(self._disk + 1, crc), 0)
+            else:
+                os.pwrite(fd, self._pack_header(1, crc) + entry, 0)
         finally:
-            if fd >= 0:
-                os.close(fd)
+            os.close(fd)
         self._disk += 1
         self._disk_crc = crc
 
@@ -226,6 +227,7 @@ class SparseIndex:
         finally:
             os.close(fd)
         self._disk, self._disk_crc = len(self.keys), crc
+        self.tidy = True
 
     def clear(self) -> None:
         """Forget the in-memory entries (the file is untouched)."""

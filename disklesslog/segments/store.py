@@ -350,6 +350,7 @@ class StreamStore:
                 state,
                 recovery_offset=copy.recovery_offset,
                 recovery_position=copy.recovery_position,
+                flags=copy.flags & FLAG_UNSYNCED,
             )
         return state
 
@@ -556,9 +557,11 @@ class StreamStore:
             keep = bisect_right(seg.index.values, trusted)
         pos, rel = (seg.index.values[keep - 1], seg.index.keys[keep - 1]) if keep else (0, 0)
         time_keep = bisect_right(seg.timeindex.values, rel) if keep else 0
-        if rewrite and (keep < len(seg.index) or not index_ok):
+        # Rewritten too when something follows the counted entries (a crash between an
+        # entry and its header): sealed as is, that would make the closed index invalid.
+        if rewrite and (keep < len(seg.index) or not index_ok or not seg.index.tidy):
             seg.index.truncate(keep)
-        if rewrite and (time_keep < len(seg.timeindex) or not time_ok):
+        if rewrite and (time_keep < len(seg.timeindex) or not time_ok or not seg.timeindex.tidy):
             seg.timeindex.truncate(time_keep)
         seg.size, seg.end_offset = pos, seg.base + rel
         seg.max_timestamp = seg.timeindex.keys[time_keep - 1] if time_keep else NO_TIMESTAMP

@@ -29,7 +29,7 @@ from disklesslog import (
     RecordTooLarge,
     StreamNotFound,
 )
-from disklesslog.segments.index import HEADER, TIME_ENTRY
+from disklesslog.segments.index import HEADER, OFFSET_ENTRY, TIME_ENTRY, SparseIndex
 from disklesslog.segments.layout import (
     STATE,
     STATE_COPY,
@@ -314,6 +314,25 @@ def test_a_lost_time_index_of_the_active_segment_is_rebuilt(tmp_path: Path) -> N
         assert log.stream("s").offset_for_time(4990) == 0
         assert log.stream("s").offset_for_time(4999) == 0
         assert log.stream("s").offset_for_time(5001) is None
+
+
+def test_an_index_entry_a_crash_left_uncounted_is_not_sealed_in(tmp_path: Path) -> None:
+    """An append writes the entry, then the header: a crash in between leaves an entry
+    the header does not count. Recovery drops it, so the index the roll seals holds
+    exactly what its header says (else every later load would rebuild it)."""
+    with disklesslog.open(tmp_path, fsync="never") as log:
+        stream = log.create_stream("s", segment_bytes=1024, index_interval_bytes=64)
+        for i in range(4):
+            stream.append(b"x" * 40, timestamp=1000 + i)
+    index = _dir(tmp_path) / segment_name(0, ".index")
+    with open(index, "ab") as f:
+        f.write(struct.pack("<II", 999, 99999))
+    with disklesslog.open(tmp_path, fsync="never") as log:
+        log.stream("s").append(b"y" * 900, timestamp=2000)  # rolls before it is written
+        assert len(_logs(tmp_path)) == 2
+    closed = SparseIndex(index, OFFSET_ENTRY)
+    assert closed.load(max_key=1 << 32, max_value=1 << 32)  # strict: exactly as counted
+    assert closed.keys and 999 not in closed.keys
 
 
 def test_version_1_index_files_are_rebuilt(tmp_path: Path) -> None:
