@@ -38,6 +38,7 @@ from disklesslog.segments.layout import (
     encode_json,
     segment_name,
 )
+from disklesslog.segments.manifest import MANIFEST, Manifest
 from disklesslog.segments.segment import CHECK, iter_entries
 from disklesslog.segments.store import StreamStore
 
@@ -369,6 +370,21 @@ def test_a_damaged_state_record_keeps_the_start_offset(tmp_path: Path) -> None:
     assert StreamState.decode((_dir(tmp_path) / STATE).read_bytes()) is not None
 
 
+def test_any_damage_to_the_state_record_keeps_the_start_offset(tmp_path: Path) -> None:
+    """Every single-bit change of stream.state, in turn: the record fails its CRC and is
+    restored from its copy, trimmed records stay trimmed."""
+    _trimmed(tmp_path)
+    path = _dir(tmp_path) / STATE
+    original = path.read_bytes()
+    for i in range(len(original)):
+        path.write_bytes(original[:i] + bytes([original[i] ^ (1 << (i % 8))]) + original[i + 1 :])
+        with disklesslog.open(tmp_path, fsync="never") as log:
+            stream = log.stream("s")
+            assert stream.start_offset == 30, i
+            assert _offsets(stream) == list(range(30, 60)), i
+        path.write_bytes(original)
+
+
 def test_a_damaged_state_copy_is_repaired_from_the_record(tmp_path: Path) -> None:
     _trimmed(tmp_path)
     copy = _dir(tmp_path) / STATE_COPY
@@ -561,3 +577,66 @@ def test_a_damaged_transaction_record_is_reported(tmp_path: Path) -> None:
         with pytest.raises(CorruptDataError) as info:
             log.commit_transaction("t1", [])  # a retry consults the record
         assert info.value.source == str(record)
+
+
+def test_every_bit_flip_in_every_json_file_is_caught(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each JSON file the backend writes, with each of its bits flipped in turn, reads
+    as CorruptDataError: body or trailer, a change never passes for the original."""
+    root = tmp_path / "log"
+    _pending_commit(root, monkeypatch)  # notes and parts files
+    with disklesslog.open(root, fsync="always", tier_url=(tmp_path / "tier").as_uri()) as log:
+        log.stream("s").append(b"x")
+        log.commit_offsets("g", {"s": 1})
+        other = log.stager()
+        other.append_batch("t", [b"y"])
+        log.commit_transaction("t2", [other.finish()])  # finishes t1 first: a record
+    _acknowledged(tmp_path / "lossy")
+    with disklesslog.open(tmp_path / "lossy", fsync="always") as log:
+        log.repair("s", accept_data_loss=True)
+    files = [
+        root / "disklesslog.json",
+        _dir(root) / "stream.json",
+        root / "groups" / "g.json",
+        root / "tier.json",
+        *(root / "transactions").glob("*.json"),
+        _dir(tmp_path / "lossy") / segment_name(12, ".lost"),
+    ]
+    intent = encode_json({"version": 2, "checkpoint": 5, "replaced": [], "written": []})
+    raws = [(str(path), path.read_bytes()) for path in files] + [("intent", intent)]
+    assert len(raws) == 8
+    for source, raw in raws:
+        decode_json(raw, source, what="file")  # the original reads
+        for bit in range(len(raw) * 8):
+            damaged = bytearray(raw)
+            damaged[bit // 8] ^= 1 << (bit % 8)
+            with pytest.raises(CorruptDataError):
+                decode_json(bytes(damaged), source, what="file")
+
+
+def test_every_bit_flip_in_a_tier_manifest_is_caught(tmp_path: Path) -> None:
+    """tier.manifest has its own header and CRC-32C (format 2.9): a flipped bit is
+    CorruptDataError naming it, for decoding and for reads that need it."""
+    root = tmp_path / "log"
+    with disklesslog.open(
+        root, fsync="never", tier_url=(tmp_path / "tier").as_uri(), local_retention_bytes=1
+    ) as log:
+        stream = log.create_stream("s", segment_bytes=1024)
+        for i in range(60):
+            stream.append(b"x" * 40, timestamp=1000 + i)
+        log.tier(now_ms=10**13)
+        assert stream.info().details["local_start_offset"] > 0
+    path = _dir(root) / MANIFEST
+    raw = path.read_bytes()
+    Manifest.decode(raw, str(path))
+    for bit in range(len(raw) * 8):
+        damaged = bytearray(raw)
+        damaged[bit // 8] ^= 1 << (bit % 8)
+        with pytest.raises(CorruptDataError):
+            Manifest.decode(bytes(damaged), str(path))
+    path.write_bytes(raw[:-1] + bytes([raw[-1] ^ 1]))
+    with disklesslog.open(root, fsync="never") as log:
+        with pytest.raises(CorruptDataError) as info:
+            _offsets(log.stream("s"), 0)
+        assert info.value.source == str(path)
