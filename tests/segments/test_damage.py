@@ -550,7 +550,9 @@ def test_damaged_transaction_files_are_reported(
 ) -> None:
     notes, parts = _pending_commit(tmp_path, monkeypatch)
     path = notes if which == "notes" else parts
-    path.write_bytes(path.read_bytes()[:-3] + b"0a\n")  # its checksum no longer matches
+    raw = path.read_bytes()
+    digit = b"1" if raw[-2:-1] == b"0" else b"0"
+    path.write_bytes(raw[:-2] + digit + b"\n")  # its checksum no longer matches
     with disklesslog.open(tmp_path, fsync="never") as log:  # the roll-forward cannot run
         stream = log.stream("s")
         if which == "notes":  # readers consult the notes: they must not guess
