@@ -681,8 +681,9 @@ def test_segment_files_decode_by_the_spec(tmp_path: Path) -> None:
     with disklesslog.open(root, **options) as log:
         expected = _append_mix(log.stream("s"), rng, 80, TS)
 
-    marker = spec_json((root / "disklesslog.json").read_bytes())
-    assert marker == {"format": "disklesslog-segments", "version": 2}
+    raw_marker = (root / "disklesslog.json").read_bytes()
+    assert spec_json(raw_marker) == {"format": "disklesslog-segments", "version": 2}
+    assert f"`{raw_marker.decode().replace(chr(10), chr(92) + 'n')}`" in SPEC  # 2.10's example
     stream_dir = root / "streams" / "s"
     config = _config(stream_dir)
     assert {k: config[k] for k in options} == options

@@ -50,6 +50,7 @@ from .layout import (
     FLAG_UNSYNCED,
     INTENT,
     LOG_SUFFIX,
+    LOST_SUFFIX,
     SEGMENT_FILES,
     STATE,
     STATE_COPY,
@@ -265,6 +266,10 @@ class StreamStore:
         for base, next_base in itertools.pairwise(bases):
             if next_base <= state.start_offset:  # left by an interrupted trim
                 self._remove_segment_files(base)
+        # A marker beside the active segment is a leftover of accepting a loss that a
+        # crash cut short (format 2.11): it describes no gap, so it must not linger.
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.directory / segment_name(state.active_segment, LOST_SUFFIX))
         closed = self._closed_segments(bases, state, locked=True)
         try:
             segment, fd, truncated = self._open_active(state, recovering=True, locked=True)

@@ -208,13 +208,17 @@ def test_a_damaged_loss_marker_is_reported(tmp_path: Path) -> None:
 
 def test_a_crash_while_accepting_a_loss_finds_the_loss_again(tmp_path: Path) -> None:
     """The new segments exist but the state record does not name them yet: recovery
-    removes them as an interrupted roll's, and the loss still needs accepting."""
+    removes them as an interrupted roll's (and a marker beside the active segment),
+    and the loss still needs accepting."""
     _acknowledged(tmp_path)
     directory = _dir(tmp_path)
     (directory / segment_name(12, ".log")).touch()
     (directory / segment_name(16, ".log")).touch()
     (directory / segment_name(12, ".lost")).write_bytes(
         encode_json({"version": 1, "first": 12, "end": 16})
+    )
+    (directory / segment_name(0, ".lost")).write_bytes(  # as if the gap began at 0
+        encode_json({"version": 1, "first": 0, "end": 16})
     )
     with disklesslog.open(tmp_path, fsync="always") as log, pytest.raises(DataLossError):
         log.stream("s").append(b"new")
