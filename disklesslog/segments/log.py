@@ -79,7 +79,7 @@ from .layout import (
     write_json,
 )
 from .manifest import ManifestCache
-from .store import FSYNC_POLICIES, Repair, StreamGone, StreamStore
+from .store import FSYNC_POLICIES, Repair, StreamGone, StreamStore, flag_deleted
 from .tier import CONFIG_FILE as TIER_CONFIG
 from .tier import Tier, configure_tier
 from .tiered import TieredReader, local_units, make_view
@@ -200,21 +200,32 @@ class SegmentLog(AbstractLog):
         self._check_open()
         validate_stream_name(name)
         directory = self._stream_dir(name)
+        sync = self._fsync != "never"
         try:
             store = self._store(name, create=False)
         except StreamNotFound:
             raise StreamNotFound(f"stream {name!r} does not exist in {self.url}") from None
-        store.mark_deleted()
-        self._forget(name, store)
-        groups.forget_stream(self.path, name, sync=self._fsync != "never")
+        except CorruptDataError:  # damaged beyond recovery: deleting it is still allowed
+            if not flag_deleted(directory, sync=sync):
+                raise StreamNotFound(f"stream {name!r} does not exist in {self.url}") from None
+        else:
+            store.mark_deleted()
+            self._forget(name, store)
+        damaged_group: CorruptDataError | None = None
+        try:
+            groups.forget_stream(self.path, name, sync=sync)
+        except CorruptDataError as exc:  # the stream goes anyway; the caller hears of it
+            damaged_group = exc
         graveyard = self.path / TMP / f"deleted-{uuid.uuid4().hex}"
         try:
             os.rename(directory, graveyard)
         except FileNotFoundError:
             return  # deleted concurrently
         shutil.rmtree(graveyard, ignore_errors=True)
-        if self._fsync != "never":
+        if sync:
             fsync_directory(self.path / STREAMS)
+        if damaged_group is not None:
+            raise damaged_group
 
     def commit_offsets(self, group: str, offsets: Mapping[str, int]) -> None:
         """Store ``group``'s next offset to read for each stream in ``offsets``, merged
@@ -516,8 +527,14 @@ class SegmentLog(AbstractLog):
             stores, self._stores = list(self._stores.values()), {}
             for store in stores:
                 self._retire(store)
-        for store in stores:
-            store.close()
+        failed: list[Exception] = []
+        for store in stores:  # every store releases its files, whatever the others met
+            try:
+                store.close()
+            except Exception as exc:  # damage found while syncing: reported after
+                failed.append(exc)
+        if failed:
+            raise failed[0]
 
     def metrics(self) -> dict[str, float]:
         """Appended batches, records and bytes; read batches; fsyncs, segment rolls and

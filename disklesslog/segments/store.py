@@ -71,7 +71,7 @@ from .segment import (
     Segment,
 )
 
-__all__ = ["FSYNC_POLICIES", "Repair", "Snapshot", "StreamGone", "StreamStore"]
+__all__ = ["FSYNC_POLICIES", "Repair", "Snapshot", "StreamGone", "StreamStore", "flag_deleted"]
 
 log = logging.getLogger("disklesslog")
 
@@ -1043,6 +1043,25 @@ class StreamStore:
                     self._state_raw = b""
                     raise
                 return done
+
+
+def flag_deleted(directory: Path, *, sync: bool) -> bool:
+    """Flag a stream deleted that cannot be opened (its recovery fails on damage), so
+    that every process drops it before its directory goes: a fresh state record with
+    only the deleted flag, under the stream lock. False if the stream is gone."""
+    try:
+        fd = os.open(directory / STATE, os.O_RDWR)
+    except FileNotFoundError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        deleted = StreamState(generation=random.getrandbits(62), flags=FLAG_DELETED)
+        os.pwrite(fd, deleted.encode(), 0)
+        if sync:
+            os.fsync(fd)
+    finally:
+        os.close(fd)
+    return True
 
 
 def _file_identity(path: Path) -> tuple[int, int]:

@@ -646,3 +646,32 @@ def test_every_bit_flip_in_a_tier_manifest_is_caught(tmp_path: Path) -> None:
         with pytest.raises(CorruptDataError) as info:
             _offsets(log.stream("s"), 0)
         assert info.value.source == str(path)
+
+
+def test_a_stream_damaged_beyond_recovery_can_still_be_deleted(tmp_path: Path) -> None:
+    """Deleting is the other way to give damaged records up: it must not need the
+    stream to open."""
+    _acknowledged(tmp_path)
+    with disklesslog.open(tmp_path / "other", fsync="never") as log:
+        log.stream("s").append(b"x")
+    (_dir(tmp_path / "other") / STATE).write_bytes(b"garbage")
+    (_dir(tmp_path / "other") / STATE_COPY).unlink()
+    for root in (tmp_path, tmp_path / "other"):
+        with disklesslog.open(root) as log:
+            with pytest.raises(CorruptDataError):
+                log.stream("s").end_offset  # noqa: B018 - opening the stream recovers it
+            log.delete_stream("s")
+            assert log.streams() == []
+            assert log.stream("s").append(b"new") == 0  # a new stream of the same name
+
+
+def test_a_damaged_group_file_does_not_stop_a_stream_deletion(tmp_path: Path) -> None:
+    with disklesslog.open(tmp_path) as log:
+        log.stream("s").append(b"x")
+        log.commit_offsets("g", {"s": 1})
+        group = tmp_path / "groups" / "g.json"
+        group.write_bytes(group.read_bytes().replace(b'"s": 1', b'"s": 7'))
+        with pytest.raises(CorruptDataError) as info:
+            log.delete_stream("s")
+        assert info.value.source == str(group)
+        assert log.streams() == []
