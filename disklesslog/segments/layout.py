@@ -199,9 +199,9 @@ def encode_json(content: Any, *, indent: int | None = None) -> bytes:
 def decode_json(raw: bytes, source: str, *, what: str) -> tuple[Any, bool]:
     """Parse a JSON file written by :func:`encode_json` (checked against its trailer) or
     by version 1 (no trailer, parsed as before). Returns the content and whether it was
-    checksummed; a readable file of a format version that requires the trailer must
-    also have been. A bad checksum or unparsable text is :class:`CorruptDataError`
-    naming ``source`` (``what`` says what the file is)."""
+    checksummed: a caller refuses an unchecked file whose own version says it was
+    written with the trailer. A bad checksum or unparsable text is
+    :class:`CorruptDataError` naming ``source`` (``what`` says what the file is)."""
     match = _TRAILER.search(raw, max(0, len(raw) - _TRAILER_SIZE))
     body = raw
     if match is not None:

@@ -5,9 +5,9 @@ acknowledged are gone. Recovery refuses to go on (:class:`~disklesslog.DataLossE
 until an operator accepts the loss (``SegmentLog.repair(stream,
 accept_data_loss=True)``), unless the recovery point was written under the fsync policy
 "never", which accepts such a loss in advance; the offsets lost must then never be
-handed out again. They
-become an empty closed segment ``[first, end)`` beside which a checksummed marker,
-``<first:020d>.lost``, records the decision (``docs/format.md`` 2.11):
+handed out again. They become an empty closed segment ``[first, end)`` beside which a
+checksummed marker, ``<first:020d>.lost``, records the decision (``docs/format.md``
+2.11):
 
     {"version": 1, "first": FIRST, "end": END, "file": "<the damaged .log>",
      "reason": "accepted by an operator" | "fsync policy never: lost in an OS crash",
