@@ -127,8 +127,31 @@ class LogClosedError(DisklessLogError):
 
 
 class DataLossError(CorruptDataError):
-    """Data the sequencer says exists cannot be found: an object was deleted underneath
-    (by hand, or a garbage collector run with too short a grace period)."""
+    """Data that was acknowledged is gone: an object the sequencer says exists was
+    deleted underneath (by hand, or a garbage collector run with too short a grace
+    period), or a local segment lost records that were written and synced (storage
+    lost them).
+
+    ``lost``, when known, is the range ``(first, end)`` of offsets lost. A local stream
+    refuses reads and appends until an operator accepts the loss with
+    ``SegmentLog.repair(stream, accept_data_loss=True)``; the lost offsets are never
+    handed out again (see ``docs/operations.md``).
+    """
+
+    def __init__(
+        self,
+        reason: str,
+        *,
+        source: str | None = None,
+        position: int | None = None,
+        lost: tuple[int, int] | None = None,
+    ):
+        self.lost = lost
+        super().__init__(reason, source=source, position=position)
+
+    def located(self, source: str, base_position: int) -> DataLossError:
+        position = None if self.position is None else base_position + self.position
+        return type(self)(self.reason, source=source, position=position, lost=self.lost)
 
 
 class StorageError(DisklessLogError, OSError):

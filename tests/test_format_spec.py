@@ -83,7 +83,7 @@ PREFIX = Table(BATCH.names[:3], "<" + BATCH.fmt[1:4])  # length, magic, crc
 TAIL = Table(BATCH.names[3:], "<" + BATCH.fmt[4:])  # covered by the CRC
 HEADER_SIZE = BATCH.size
 ENTRY = tables("### 2.3 Segment entries")[0]
-OFFSET_INDEX, TIME_INDEX = tables("### 2.4 Index files")
+INDEX_HEADER, OFFSET_INDEX, TIME_INDEX = tables("### 2.4 Index files")
 STATE = tables("### 2.5 The stream state record: `stream.state`")[0]
 CHECKPOINT = tables("### 2.7 Key compaction: checkpoint, staging, intent and the swap")[0]
 
@@ -286,9 +286,29 @@ def spec_indexes(
     return index, timeindex
 
 
-def read_index(path: Path, table: Table) -> list[tuple[int, ...]]:
-    data = path.read_bytes() if path.exists() else b""
-    return list(struct.iter_unpack(table.fmt, data[: len(data) - len(data) % table.size]))
+def read_index(path: Path, table: Table, *, closed: bool = True) -> list[tuple[int, ...]]:
+    """The entries of an index file per section 2.4, checking its header (a missing
+    file holds none)."""
+    if not path.exists():
+        return []
+    data = path.read_bytes()
+    header = dict(zip(INDEX_HEADER.names, struct.unpack_from(INDEX_HEADER.fmt, data)))
+    assert header["magic"] == (b"DLXO" if table is OFFSET_INDEX else b"DLXT")
+    assert header["header_crc"] == crc32c.crc32c(data[:12])
+    end = INDEX_HEADER.size + header["count"] * table.size
+    assert len(data) == end if closed else len(data) in (end, end + table.size)
+    entries = data[INDEX_HEADER.size : end]
+    assert header["entries_crc"] == crc32c.crc32c(entries)
+    return list(struct.iter_unpack(table.fmt, entries))
+
+
+def spec_json(raw: bytes) -> Any:
+    """A checksummed JSON file per section 2.10 (the trailer required)."""
+    trailer = re.fullmatch(rb"(.*\n)#crc32c:([0-9a-f]{8})\n", raw, re.DOTALL)
+    assert trailer is not None, "no trailer line"
+    body, crc = trailer.groups()
+    assert int(crc, 16) == crc32c.crc32c(body)
+    return json.loads(body)
 
 
 # ========================================================================== the tests
@@ -564,8 +584,8 @@ def test_spec_reader_agrees_on_the_batch_limit() -> None:
 
 
 def _config(stream_dir: Path) -> dict[str, Any]:
-    content = json.loads((stream_dir / "stream.json").read_text())
-    assert content["version"] == 1
+    content = spec_json((stream_dir / "stream.json").read_bytes())
+    assert content["version"] == 2
     config = content["config"]
     assert set(config) == {
         "compression",
@@ -591,9 +611,10 @@ def _segments(stream_dir: Path) -> list[int]:
     """Segment bases from the file names (section 2.1), checking every name."""
     bases = []
     for path in stream_dir.iterdir():
-        if path.name in ("stream.json", "stream.state", "cleaner.lock", "cleaner.checkpoint"):
+        names = ("stream.json", "stream.state", "stream.state.copy", "cleaner.lock")
+        if path.name in (*names, "cleaner.checkpoint"):
             continue
-        match = re.fullmatch(r"(\d{20})\.(log|index|timeindex)", path.name)
+        match = re.fullmatch(r"(\d{20})\.(log|index|timeindex|lost)", path.name)
         assert match, f"unexpected file {path.name}"
         if match.group(2) == "log":
             bases.append(int(match.group(1)))
@@ -605,13 +626,23 @@ def _walk_stream(stream_dir: Path) -> tuple[list[int], list[list[SpecEntry]], di
     config = _config(stream_dir)
     bases = _segments(stream_dir)
     state = spec_state((stream_dir / "stream.state").read_bytes())
+    copy = spec_state((stream_dir / "stream.state.copy").read_bytes())
+    assert (copy["start_offset"], copy["active_segment"]) == (
+        state["start_offset"],
+        state["active_segment"],
+    )
     assert state["active_segment"] == bases[-1]
     walked = []
     for base, next_base in zip(bases, [*bases[1:], None]):
         entries = spec_walk(stream_dir / f"{base:020d}.log", base, config["max_batch_bytes"])
         if next_base is not None:  # a closed segment ends where the next one starts
             compacted = "compact" in config["cleanup_policy"]
-            assert entries or compacted, "closed segments are empty only when compacted"
+            lost = stream_dir / f"{base:020d}.lost"
+            if not entries and lost.exists():  # an accepted loss (2.11)
+                marker = spec_json(lost.read_bytes())
+                assert (marker["first"], marker["end"]) == (base, next_base)
+            else:
+                assert entries or compacted, "closed segments are empty only when compacted"
             if entries:
                 last = entries[-1]
                 assert last.base + last.header.last_offset_delta + 1 == next_base
@@ -650,9 +681,9 @@ def test_segment_files_decode_by_the_spec(tmp_path: Path) -> None:
     with disklesslog.open(root, **options) as log:
         expected = _append_mix(log.stream("s"), rng, 80, TS)
 
-    marker = (root / "disklesslog.json").read_text()
-    assert marker.endswith("\n")
-    assert json.loads(marker) == {"format": "disklesslog-segments", "version": 1}
+    raw_marker = (root / "disklesslog.json").read_bytes()
+    assert spec_json(raw_marker) == {"format": "disklesslog-segments", "version": 2}
+    assert f"`{raw_marker.decode().replace(chr(10), chr(92) + 'n')}`" in SPEC  # 2.10's example
     stream_dir = root / "streams" / "s"
     config = _config(stream_dir)
     assert {k: config[k] for k in options} == options
@@ -683,8 +714,9 @@ def test_segment_files_decode_by_the_spec(tmp_path: Path) -> None:
         index, timeindex = spec_indexes(
             entries, base, config["index_interval_bytes"], sealed=sealed
         )
-        assert read_index(stream_dir / f"{base:020d}.index", OFFSET_INDEX) == index
-        assert read_index(stream_dir / f"{base:020d}.timeindex", TIME_INDEX) == timeindex
+        index_file, time_file = (stream_dir / f"{base:020d}.{x}" for x in ("index", "timeindex"))
+        assert read_index(index_file, OFFSET_INDEX, closed=sealed) == index
+        assert read_index(time_file, TIME_INDEX, closed=sealed) == timeindex
         if sealed:  # the last time-index entry is the segment's max timestamp
             assert timeindex[-1][0] == max(e.header.max_timestamp for e in entries)
 
@@ -692,7 +724,7 @@ def test_segment_files_decode_by_the_spec(tmp_path: Path) -> None:
     active_size = (stream_dir / f"{bases[-1]:020d}.log").stat().st_size
     last = walked[-1][-1]
     assert state["start_offset"] == 0
-    assert state["flags"] == 0
+    assert state["flags"] == 0  # fsync "interval": the recovery point was synced (bit 2 clear)
     assert state["recovery_position"] == active_size
     assert state["recovery_offset"] == last.base + last.header.last_offset_delta + 1
     assert state["recovery_offset"] == expected[-1][0] + 1
@@ -722,7 +754,7 @@ def test_compacted_segments_decode_by_the_spec(tmp_path: Path) -> None:
         expected = [tuple(r) for r in stream.read()]
     stream_dir = root / "streams" / "s"
     bases, walked, state = _walk_stream(stream_dir)
-    assert state["flags"] == 0
+    assert state["flags"] == 4  # fsync "never" wrote the recovery point (2.5, bit 2)
     assert [r for entries in walked for e in entries for r in e.records] == expected
     raw = (stream_dir / "cleaner.checkpoint").read_bytes()
     checkpoint = dict(zip(CHECKPOINT.names, struct.unpack(CHECKPOINT.fmt, raw)))
@@ -747,6 +779,7 @@ def test_new_stream_state_is_all_zero(tmp_path: Path) -> None:
     assert raw == b"DLST" + struct.pack("<I", 0x595FB7DD) + bytes(40)
     assert "44 4c 53 54 dd b7 5f 59 00 00 ... 00" in SPEC
     assert spec_state(raw)["generation"] == 0
+    assert (stream_dir / "stream.state.copy").read_bytes() == raw  # 2.5: its copy
     assert (stream_dir / "00000000000000000000.log").read_bytes() == b""
     assert _segments(stream_dir) == [0]
 
@@ -764,6 +797,8 @@ def test_state_after_trim_and_roll(tmp_path: Path) -> None:
         state = spec_state((stream_dir / "stream.state").read_bytes())
         assert state["start_offset"] == cut
         assert state["generation"] != generation
+        copy = spec_state((stream_dir / "stream.state.copy").read_bytes())
+        assert copy["start_offset"] == cut  # 2.5: a trim writes the copy too
         bases_after = _segments(stream_dir)
         # Every segment wholly below the start offset is gone; the one holding it stays.
         assert bases_after == bases_before[2:]
@@ -821,6 +856,37 @@ def test_damage_before_the_recovery_point_is_reported_not_truncated(tmp_path: Pa
             list(stream.read())
         assert info.value.source is not None and info.value.source.endswith(active.name)
     assert active.stat().st_size == size  # nothing was cut
+
+
+def test_an_accepted_loss_decodes_by_the_spec(tmp_path: Path) -> None:
+    """Section 2.11: storage lost the tail of the active segment after records were
+    acknowledged; once the loss is accepted, the stream walks by 2.3 with the lost
+    offsets an empty segment named by its marker, and the state (2.5) names the new
+    active segment at the old recovery offset."""
+    rng = random.Random(23)
+    root = tmp_path / "log"
+    with disklesslog.open(root, fsync="always") as log:
+        expected = _append_mix(log.stream("s"), rng, 10, TS)
+    stream_dir = root / "streams" / "s"
+    bases, walked, state = _walk_stream(stream_dir)
+    assert state["flags"] & 4 == 0  # synced: a loss is damage, not the policy's
+    recovery_offset = state["recovery_offset"]
+    keep = walked[-1][len(walked[-1]) // 2]
+    with open(stream_dir / f"{bases[-1]:020d}.log", "r+b") as f:
+        f.truncate(keep.position + 3)  # storage lost the rest, and part of this entry
+    with disklesslog.open(root, fsync="always") as log:
+        with pytest.raises(disklesslog.DataLossError):
+            log.stream("s").append(b"x")
+        log.repair("s", accept_data_loss=True)
+        assert log.stream("s").append(b"after", timestamp=TS) == recovery_offset
+    bases, walked, state = _walk_stream(stream_dir)
+    assert bases[-2:] == [keep.base, recovery_offset]
+    assert walked[-2] == []  # the gap: an empty segment covering the lost offsets
+    assert state["active_segment"] == recovery_offset
+    records = [r for entries in walked for e in entries for r in e.records]
+    assert records == [r for r in expected if r[0] < keep.base] + [
+        (recovery_offset, TS, None, b"after", ())
+    ]
 
 
 @pytest.mark.parametrize(

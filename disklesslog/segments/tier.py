@@ -39,12 +39,19 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from ..errors import ConfigError, DataLossError, DisklessLogError, InvalidURL, StorageError
+from ..errors import (
+    ConfigError,
+    CorruptDataError,
+    DataLossError,
+    DisklessLogError,
+    InvalidURL,
+    StorageError,
+)
 from ..format import crc32c
 from ..markers import MARKER, check_marker
 from ..metrics import Metrics
 from ..retries import ATTEMPTS, pause, retrying
-from .layout import TMP, fsync_directory
+from .layout import TMP, encode_json, fsync_directory, read_json
 
 if TYPE_CHECKING:
     from ..objects.cache import BlockCache
@@ -59,6 +66,9 @@ CONFIG_FILE = "tier.json"
 # first used: a local log that never tiers does not load them.
 KIND = "disklesslog-tier"
 VERSION = 1
+"""Of the owner marker at the tier location."""
+CONFIG_VERSION = 2
+"""Of ``tier.json``: version 2 is version 1 with a checksum trailer (layout.encode_json)."""
 STREAMS_PREFIX = "streams"
 """Folder (key prefix) of every tiered object under the tier URL."""
 CHUNK = 8 << 20
@@ -85,31 +95,39 @@ def _normalized(url: object) -> str:
 def persisted_tier_url(root: Path) -> tuple[str, str] | None:
     """``(tier URL, log id)`` from ``<root>/tier.json``, or ``None`` if never tiered."""
     path = root / CONFIG_FILE
+    advice = "it names this log's tier: restore it, or remove it only if nothing was ever tiered"
     try:
-        raw = path.read_bytes()
-    except FileNotFoundError:
+        found = read_json(path, what="tier configuration")
+    except CorruptDataError as exc:
+        raise CorruptDataError(f"{exc.reason}; {advice}", source=str(path)) from None
+    if found is None:
         return None
+    content, checked = found
     try:
-        content = json.loads(raw)
-        if content.get("format") != KIND or content.get("version") != VERSION:
-            raise ValueError(f"not a version {VERSION} {KIND} file")
+        version = content.get("version")
+        if content.get("format") != KIND or version not in (1, CONFIG_VERSION):
+            raise ValueError(f"not a version {CONFIG_VERSION} {KIND} file")
+        if version == CONFIG_VERSION and not checked:
+            raise ValueError("no checksum")
         url, log_id = content["url"], content["log_id"]
         if not isinstance(url, str) or not isinstance(log_id, str):
             raise ValueError("url and log_id must be strings")
     except (ValueError, KeyError, AttributeError) as exc:
-        raise ConfigError(
-            f"{path} is unreadable ({exc}); it names this log's tier: restore it, or remove "
-            "it only if nothing was ever tiered"
-        ) from None
+        raise CorruptDataError(f"unreadable ({exc}); {advice}", source=str(path)) from None
     return _normalized(url), log_id
 
 
 def _persist(root: Path, url: str, *, sync: bool) -> tuple[str, str]:
     """Write ``tier.json`` unless it exists (``link(2)`` refuses to replace it, so of
     racing processes one wins); returns what is there now."""
-    content = {"format": KIND, "version": VERSION, "url": url, "log_id": secrets.token_hex(16)}
+    content = {
+        "format": KIND,
+        "version": CONFIG_VERSION,
+        "url": url,
+        "log_id": secrets.token_hex(16),
+    }
     temporary = root / TMP / f"{CONFIG_FILE}.{secrets.token_hex(8)}"
-    temporary.write_text(json.dumps(content) + "\n")
+    temporary.write_bytes(encode_json(content))
     try:
         if sync:
             with open(temporary, "rb") as f:
