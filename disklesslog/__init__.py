@@ -36,6 +36,7 @@ from .errors import (
     StreamExistsError,
     StreamNotFound,
     TransactionError,
+    UnknownProducerState,
 )
 from .records import Record, RecordBatch
 from .urls import open_log, register_backend
@@ -74,6 +75,7 @@ __all__ = [
     "StreamInfo",
     "StreamNotFound",
     "TransactionError",
+    "UnknownProducerState",
     "Writer",
     "__version__",
     "open",

@@ -389,6 +389,36 @@ def test_deleted_stream_is_gone_for_another_log_handle(log_factory) -> None:
     assert second.stream("s").append(b"again") == 0
 
 
+def test_appends_go_on_after_another_handle_recreates_the_stream(log_factory) -> None:
+    """Another process deletes a stream and creates it again: this log's appends (single
+    ones and every writer's) land in the new stream, after whatever the other process
+    put there, instead of being refused for the old stream's numbering forever."""
+    first, second = log_factory(), log_factory()
+    anonymous = first.writer(linger_ms=0)
+    # Object logs' writers are idempotent producers, anonymous or named.
+    named_option = {"producer": "named"} if log_factory.backend.objects else {}
+    named = first.writer(linger_ms=0, **named_option)
+    first.stream("s").append_batch([b"1", b"2"])
+    assert anonymous.append("s", b"3").result() == 2
+    assert named.append("s", b"4").result() == 3
+    second.delete_stream("s")
+    second.create_stream("s")
+    assert second.stream("s").append(b"theirs") == 0
+    assert first.stream("s").append(b"a") == 1
+    assert anonymous.append("s", b"b").result() == 2
+    assert named.append("s", b"c").result() == 3
+    assert first.stream("s").append_batch([b"d", b"e"]) == [4, 5]
+    second.delete_stream("s")  # again, and nothing written before this log's appends
+    second.create_stream("s")
+    assert named.append("s", b"f").result() == 0
+    assert anonymous.append("s", b"g").result() == 1
+    assert first.stream("s").append(b"h") == 2
+    anonymous.close()
+    named.close()
+    assert [r.value for r in second.stream("s").read()] == [b"f", b"g", b"h"]
+    assert [r.value for r in first.stream("s").read()] == [b"f", b"g", b"h"]
+
+
 # ---------------------------------------------------------------------------- trim
 
 
