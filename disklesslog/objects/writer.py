@@ -120,13 +120,16 @@ class ObjectWriter(Writer):
         producer: str | None,
         max_inflight: int = DEFAULT_INFLIGHT,
     ) -> None:
-        if producer is not None and not isinstance(producer, str):
-            raise TypeError(f"producer must be a name (str) or None, not {producer!r}")
+        if producer is not None and (not isinstance(producer, str) or not producer):
+            raise ConfigError(
+                f"producer must be a name (a non-empty str) or None, not {producer!r}"
+            )
         if type(max_inflight) is not int or not 1 <= max_inflight <= MAX_INFLIGHT:
             raise ConfigError(
                 f"max_inflight must be an int in 1..{MAX_INFLIGHT}, not {max_inflight!r} "
                 "(sequencers recognise retried commits of the last five runs of batches)"
             )
+        self.check_options(linger_ms, max_object_bytes)  # before a producer is registered
         self._log = log_
         self._producer_name = producer
         self._max_inflight = max_inflight
