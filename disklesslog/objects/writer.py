@@ -513,8 +513,10 @@ class ObjectWriter(Writer):
         process deleted it and created it again since this writer last stored records
         there. None of this writer's records can be in the new stream, so it is numbered
         from 0 again (the refused flush and those behind it are restamped; nothing can be
-        taken for a duplicate). The new stream's settings replace the cached ones."""
+        taken for a duplicate). The new stream's settings replace the cached ones, for
+        the appends from now on (flushes encoded already keep theirs: readable alike)."""
         self._number_from_zero(stream)
+        self._configs.pop(stream, None)
         try:
             self._log._current_config(stream)
         except StreamNotFound:

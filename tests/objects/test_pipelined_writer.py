@@ -22,7 +22,9 @@ from disklesslog import (
     DisklessLogError,
     OutOfOrderSequence,
     ProducerFenced,
+    RecordTooLarge,
     SequencerConflict,
+    StreamConfig,
     UnknownProducerState,
 )
 from disklesslog.errors import ConfigError
@@ -243,10 +245,13 @@ def test_a_stream_created_again_elsewhere_under_waiting_flushes_is_numbered_from
         refused_key = sequencer.calls[-1][0]
         futures += _line_up(log, writer, [("s", b"n1"), ("t", b"t1"), ("s", b"n2")])
         MemorySequencer.delete_stream(sequencer, "s")  # as another process would
-        MemorySequencer.create_stream(sequencer, "s", {})
+        smaller = StreamConfig().replace(max_record_bytes=1024)  # and with other settings
+        MemorySequencer.create_stream(sequencer, "s", smaller.to_dict())
         sequencer.gate.set()
         writer.flush()
         assert [f.result() for f in futures] == [0, 1, 1, 2]
+        with pytest.raises(RecordTooLarge):  # later appends follow the new stream's settings
+            writer.append("s", b"x" * 2048)
         assert _values(log, "s") == [b"n0", b"n1", b"n2"]
         assert _values(log, "t") == [b"old", b"t1"]
         assert log.metrics()["restamped_flushes"] >= 1
