@@ -118,6 +118,14 @@ _BATCH_MARGIN = HEADER_SIZE + 64
 _MAX_KEPT_ERRORS = 100  # errors remembered for flush()/close() between two calls
 
 
+def _owned(items: Iterable[Any], field: str) -> Sequence[Any]:
+    """A column the writer keeps until its flush encodes it: never the caller's list
+    itself, so a caller reusing or changing its list after ``append_batch`` returns
+    cannot change what is written (a tuple cannot change; a generator is copied anyway)."""
+    column = as_column(items, field)
+    return list(column) if column is items and isinstance(column, list) else column
+
+
 @dataclass
 class _Loose:
     """Single records buffered for one stream, as columns: they become one batch."""
@@ -323,10 +331,10 @@ class Writer(ABC):
         """Buffer records (as columns, like ``Stream.append_batch``) that are written as
         one batch, all or none; the future resolves to their offsets."""
         config = self._stream_config(stream)
-        key_list = None if keys is None else as_column(keys, "keys")
+        key_list = None if keys is None else _owned(keys, "keys")
         require_keys(config, stream, key_list)
         prepared = prepare_batch(
-            as_column(values, "values"),
+            _owned(values, "values"),
             key_list,
             None if headers is None else as_column(headers, "headers"),
             timestamps

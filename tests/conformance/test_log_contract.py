@@ -572,6 +572,19 @@ def test_writer_keeps_order_and_all_fields(log: disklesslog.Log) -> None:
     assert records[999] == Record(999, 1_999, b"k5", b"999", (("i", b"999"),))
 
 
+def test_writer_append_batch_keeps_what_it_was_given(log: disklesslog.Log) -> None:
+    """A writer encodes at its flush: a caller reusing its lists after ``append_batch``
+    returns must not change what is written."""
+    values, keys = [b"v0", b"v1"], [b"k0", b"k1"]
+    with log.writer(linger_ms=60_000) as writer:
+        future = writer.append_batch("s", values, keys=keys)
+        values[:] = [b"changed", b"changed"]
+        keys.clear()
+        writer.flush()
+    assert future.result() == [0, 1]
+    assert [(r.key, r.value) for r in log.stream("s").read()] == [(b"k0", b"v0"), (b"k1", b"v1")]
+
+
 def test_writer_flushes_on_buffer_size(log: disklesslog.Log) -> None:
     with log.writer(linger_ms=60_000, max_buffer_bytes=64 * 1024) as writer:
         futures = [writer.append("s", b"x" * 1000) for _ in range(200)]
