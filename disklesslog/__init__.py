@@ -38,6 +38,7 @@ from .errors import (
     StreamExistsError,
     StreamNotFound,
     TransactionError,
+    UnknownProducerState,
 )
 from .records import Record, RecordBatch
 from .urls import open_log, register_backend
@@ -78,6 +79,7 @@ __all__ = [
     "StreamInfo",
     "StreamNotFound",
     "TransactionError",
+    "UnknownProducerState",
     "Writer",
     "__version__",
     "open",

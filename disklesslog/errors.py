@@ -30,6 +30,7 @@ __all__ = [
     "StreamExistsError",
     "StreamNotFound",
     "TransactionError",
+    "UnknownProducerState",
 ]
 
 
@@ -189,6 +190,20 @@ class SequencerDamaged(CorruptDataError):
     others. Repair it as ``docs/operations.md`` ("Repairing the object-store
     sequencer") describes: usually a process that got past the damage writes a
     checkpoint (``ObjectStoreSequencer.write_checkpoint()``)."""
+
+
+class UnknownProducerState(OutOfOrderSequence):
+    """The sequencer holds no sequence numbers of this producer on ``stream``, yet the
+    batch does not start at sequence 0: the stream was deleted and created again (by any
+    process) after this producer last wrote to it, and the new stream knows nothing of
+    it. Kafka's ``UNKNOWN_PRODUCER_ID``. Writers handle it themselves: they number the
+    stream from 0 again and retry, since none of their records can be in the new
+    stream. It reaches you only if the stream keeps being re-created under a writer:
+    append again."""
+
+    def __init__(self, message: str, *, stream: str) -> None:
+        super().__init__(message)
+        self.stream = stream
 
 
 class SequencerConflict(SequencerError):

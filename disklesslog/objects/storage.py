@@ -190,9 +190,17 @@ class ObjectStorage:
     def _request(self, call: Callable[[], T], what: str, counter: str) -> T:
         """A request that reads (GET, LIST) or deletes, retried like a PUT (failures count
         in ``counter``); ``FileNotFoundError`` propagates at once, for the caller to say
-        what a missing object means."""
+        what a missing object means (also when a component of its path is a file, as
+        in a log opened at the path of a file: nothing is there either)."""
+
+        def attempt() -> T:
+            try:
+                return call()
+            except NotADirectoryError as exc:
+                raise FileNotFoundError(exc.errno, exc.strerror, exc.filename) from exc
+
         return retrying(
-            call,
+            attempt,
             what,
             metrics=self.metrics,
             counter=counter,
@@ -277,6 +285,19 @@ class ObjectStorage:
             if name.startswith(prefix) and info.get("type", "file") != "directory":
                 listed[f"{OBJECTS}/{name[len(prefix) :]}"] = int(info.get("size") or 0)
         return listed
+
+    def list_root(self) -> list[str]:
+        """Names directly under the root (one LIST, retried; none if the root does not
+        exist): what :func:`disklesslog.open` checks before it adopts a location."""
+        try:
+            listed = self._request(
+                lambda: self.fs.ls(self.root, detail=False),
+                f"could not list {self.url}",
+                "get_errors",
+            )
+        except FileNotFoundError:
+            return []
+        return [str(path).rstrip("/").rsplit("/", 1)[-1] for path in listed]
 
     def read_small(self, name: str) -> bytes | None:
         """A small metadata file at the root (e.g. the log marker), or None if there is

@@ -215,10 +215,11 @@ def decode_json(raw: bytes, source: str, *, what: str) -> tuple[Any, bool]:
 
 
 def read_json(path: Path, *, what: str) -> tuple[Any, bool] | None:
-    """:func:`decode_json` of the file at ``path``; ``None`` if there is none."""
+    """:func:`decode_json` of the file at ``path``; ``None`` if there is none (also when
+    a component of ``path`` is a file: then there is no log there at all)."""
     try:
         raw = path.read_bytes()
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):
         return None
     return decode_json(raw, str(path), what=what)
 

@@ -38,6 +38,7 @@ from ..api import (
     StreamInfo,
     check_offset,
     check_read_arguments,
+    check_timestamp,
     validate_group_name,
     validate_stream_name,
 )
@@ -49,7 +50,7 @@ from ..errors import (
     StreamExistsError,
     StreamNotFound,
 )
-from ..format import EncodedBatch, encode_batch_borrowed, encode_record
+from ..format import EncodedBatch, as_column, encode_batch_borrowed, encode_record
 from ..maintenance.compaction import DEFAULT_MAX_KEYS, require_compacted
 from ..maintenance.grace import resolve_grace
 from ..maintenance.report import MaintenanceReport, Progress
@@ -81,7 +82,7 @@ from .layout import (
 from .manifest import ManifestCache
 from .store import FSYNC_POLICIES, Repair, StreamGone, StreamStore, flag_deleted
 from .tier import CONFIG_FILE as TIER_CONFIG
-from .tier import Tier, configure_tier
+from .tier import Tier, check_tier, configure_tier
 from .tiered import TieredReader, local_units, make_view
 from .transactions import SegmentStager
 
@@ -129,6 +130,7 @@ class SegmentLog(AbstractLog):
             raise ConfigError(f"cleaner_max_keys must be a positive int, not {cleaner_max_keys!r}")
         self._cleaner_max_keys = cleaner_max_keys
         self._defaults = StreamConfig.from_dict(stream_defaults)
+        check_tier(root, tier_url, tier_storage_options, Metrics(), sync=False)  # creates nothing
         check_log_directory(root, create=create)
         clean_staging(root)
         self.path = root
@@ -331,7 +333,7 @@ class SegmentLog(AbstractLog):
         stream: :class:`CorruptDataError` for a named stream, a skipped line otherwise."""
         self._check_open()
         report = MaintenanceReport("compaction", dry_run=dry_run)
-        now = int(time.time() * 1000) if now_ms is None else now_ms
+        now = int(time.time() * 1000) if now_ms is None else check_timestamp(now_ms, "now_ms")
         if stream is not None:
             require_compacted(stream, self._read_config(validate_stream_name(stream)))
         names = [stream] if stream is not None else self.streams()
@@ -426,6 +428,8 @@ class SegmentLog(AbstractLog):
         ``local_retention_ms``/``local_retention_bytes``; reads fall through to the tier.
         See :mod:`disklesslog.segments.tiering`."""
         self._check_open()
+        names = [validate_stream_name(stream)] if stream is not None else None
+        now = int(time.time() * 1000) if now_ms is None else check_timestamp(now_ms, "now_ms")
         report = MaintenanceReport("tiering", dry_run=dry_run)
         tiered = self._tiered_reader(required=False)
         if tiered is None:
@@ -435,8 +439,7 @@ class SegmentLog(AbstractLog):
             )
             return report
         tiered.tier.check_owner(tiered.tier.log_id, claim=True)
-        names = [validate_stream_name(stream)] if stream is not None else self.streams()
-        now = int(time.time() * 1000) if now_ms is None else now_ms
+        names = self.streams() if names is None else names
         tally = tiering.Tally(progress)
         for name in names:
             report.streams += 1
@@ -734,9 +737,9 @@ class SegmentStream(Stream):
     ) -> list[int]:
         # Columns are walked once per attempt (an attempt is retried if the stream is
         # deleted meanwhile), so one-shot iterables become lists first.
-        values = _materialized(values)
-        keys = None if keys is None else _materialized(keys)
-        headers = None if headers is None else _materialized(headers)
+        values = as_column(values, "values")
+        keys = None if keys is None else as_column(keys, "keys")
+        headers = None if headers is None else as_column(headers, "headers")
 
         def encoded(config: StreamConfig) -> AbstractContextManager[EncodedBatch]:
             require_keys(config, self._name, keys)
@@ -804,8 +807,7 @@ class SegmentStream(Stream):
         return self._log._with_store(self._name, read, create=False)
 
     def offset_for_time(self, timestamp_ms: int) -> int | None:
-        if type(timestamp_ms) is not int:
-            raise ConfigError(f"timestamp_ms must be an int, not {type(timestamp_ms).__name__}")
+        check_timestamp(timestamp_ms, "timestamp_ms")
 
         def find(store: StreamStore) -> int | None:
             tiered = self._tier_reads(store)
@@ -953,10 +955,6 @@ class SegmentWriter(Writer):
             except Exception as exc:  # reported through the stream's futures
                 results.append(exc)
         return results
-
-
-def _materialized(items: Iterable[Any]) -> Sequence[Any]:
-    return items if isinstance(items, list | tuple) else list(items)
 
 
 def _append_to(batches: list[EncodedBatch], store: StreamStore) -> list[int]:

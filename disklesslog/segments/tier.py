@@ -158,6 +158,31 @@ def configure_tier(
     A ``tier_url`` other than the persisted one is a :class:`ConfigError` (a log's
     tiered segments cannot move by reopening it elsewhere).
     """
+    tier = check_tier(root, tier_url, storage_options, metrics, sync=sync)
+    if tier is None or tier.log_id:  # none, or the persisted one
+        return tier
+    tier.check_owner(None)  # as does a location that belongs to another log
+    url, log_id = _persist(root, tier.url, sync=sync)
+    if url != tier.url:
+        raise ConfigError(f"another process configured this log to tier to {url} just now")
+    tier.log_id = log_id
+    tier.check_owner(log_id, claim=True)
+    return tier
+
+
+def check_tier(
+    root: Path,
+    tier_url: str | None,
+    storage_options: Mapping[str, Any] | None,
+    metrics: Metrics,
+    *,
+    sync: bool,
+) -> Tier | None:
+    """What :func:`configure_tier` checks before it writes anything, and may run before
+    the log directory exists (an open refused for its tier options leaves nothing
+    behind): the options, the persisted tier against ``tier_url``, the URL (its client
+    connects) and that it lies outside the log. Returns the persisted tier, a new one
+    not yet persisted (no ``log_id``), or ``None``."""
     if storage_options is not None and not isinstance(storage_options, Mapping):
         raise ConfigError(
             f"tier_storage_options must be a mapping of fsspec options, not {storage_options!r}"
@@ -188,12 +213,6 @@ def configure_tier(
                 f"tier_url {wanted} overlaps the log directory {root}: tier to a directory "
                 "outside it (or to object storage)"
             )
-    tier.check_owner(None)  # as does a location that belongs to another log
-    url, log_id = _persist(root, wanted, sync=sync)
-    if url != wanted:
-        raise ConfigError(f"another process configured this log to tier to {url} just now")
-    tier.log_id = log_id
-    tier.check_owner(log_id, claim=True)
     return tier
 
 

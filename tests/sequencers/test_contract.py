@@ -27,6 +27,7 @@ from disklesslog.errors import (
     SequencerError,
     StreamNotFound,
     TransactionError,
+    UnknownProducerState,
 )
 from disklesslog.sequencers import (
     NO_PRODUCER,
@@ -611,6 +612,27 @@ def test_a_producer_must_start_each_stream_and_epoch_at_zero(sequencer: Sequence
     with pytest.raises(OutOfOrderSequence):
         sequencer.commit("o4", [batch("a", producer=p2, seq=3)])
     assert offsets(sequencer.commit("o5", [batch("a", producer=p2, seq=0)])) == [3]
+
+
+def test_a_stream_created_again_knows_no_producer(sequencer: Sequencer) -> None:
+    """Deleting a stream drops its producers' numbers: a producer that goes on with its
+    old numbering is told UnknownProducerState (naming the stream), and may start at 0;
+    a stream that lived on keeps refusing a gap as plain OutOfOrderSequence."""
+    make(sequencer, "a", "b")
+    p = sequencer.init_producer()
+    sequencer.commit("o1", [batch("a", 3, producer=p, seq=0), batch("b", 3, producer=p, seq=0)])
+    sequencer.delete_stream("a")
+    make(sequencer, "a")
+    sequencer.commit("o2", [batch("a", 2)])  # another writer's records in the new stream
+    with pytest.raises(UnknownProducerState) as info:
+        sequencer.commit("o3", [batch("a", producer=p, seq=3)])
+    assert info.value.stream == "a"
+    with pytest.raises(OutOfOrderSequence) as gap:
+        sequencer.commit("o4", [batch("b", producer=p, seq=4)])
+    assert not isinstance(gap.value, UnknownProducerState)
+    assert offsets(sequencer.commit("o5", [batch("a", producer=p, seq=0)])) == [2]
+    assert sequencer.commit("o5", [batch("a", producer=p, seq=0)]) == [CommitResult(2, True)]
+    assert (sequencer.stream_info("a").end_offset, sequencer.stream_info("b").end_offset) == (3, 3)
 
 
 def test_reinitialising_a_named_producer_fences_the_old_instance(sequencer: Sequencer) -> None:
