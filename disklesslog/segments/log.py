@@ -46,6 +46,7 @@ from ..config import StreamConfig, require_keys
 from ..errors import (
     ConfigError,
     CorruptDataError,
+    DisklessLogError,
     OffsetOutOfRange,
     StreamExistsError,
     StreamNotFound,
@@ -56,6 +57,7 @@ from ..maintenance.grace import resolve_grace
 from ..maintenance.report import MaintenanceReport, Progress
 from ..maintenance.retention import Unit
 from ..metrics import Metrics
+from ..oserrors import as_storage_error, typed_os_errors
 from ..projection import COLUMNS, OFFSETS, Part, Projection
 from ..records import RecordBatch, limit_records
 from ..sequencers.base import TransactionResult
@@ -99,6 +101,7 @@ TIER_RECHECK_SECONDS = 1.0
 """How often a log opened without a tier looks whether another process gave it one."""
 
 
+@typed_os_errors()
 class SegmentLog(AbstractLog):
     """A log of streams stored as segment files in a local directory.
 
@@ -705,6 +708,10 @@ class SegmentLog(AbstractLog):
                     store.sync()
 
 
+@typed_os_errors(
+    iterators=("read_batches", "read_offsets"),
+    also=("_retention_units", "_trim_for_retention"),
+)
 class SegmentStream(Stream):
     """A stream of a :class:`SegmentLog`."""
 
@@ -952,6 +959,12 @@ class SegmentWriter(Writer):
                         stream, functools.partial(_append_to, encoded), create=True
                     )
                 )
+            except OSError as exc:  # reported through the stream's futures, typed
+                if not isinstance(exc, DisklessLogError):
+                    typed = as_storage_error(exc, f"appending to stream {stream!r} failed")
+                    typed.__cause__ = exc
+                    exc = typed
+                results.append(exc)
             except Exception as exc:  # reported through the stream's futures
                 results.append(exc)
         return results

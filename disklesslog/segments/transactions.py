@@ -66,6 +66,7 @@ from ..errors import (
     TransactionError,
 )
 from ..format import HEADER_SIZE, EncodedBatch, check_batch, decode_batch
+from ..oserrors import typed_os_errors
 from ..sequencers.base import (
     TRACKED_TRANSACTIONS,
     TRANSACTION_RETENTION_SECONDS,
@@ -114,6 +115,7 @@ _NOTES = ".json"
 _PARTS = ".parts"
 
 
+@typed_os_errors(also=("_config_for", "_store"))
 class SegmentStager(Stager):
     """Writes one ``staged/<ns>-<hex>.staged`` file per ``max_object_bytes`` of batches."""
 

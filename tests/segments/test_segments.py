@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 import disklesslog
-from disklesslog import InvalidURL, Record
+from disklesslog import InvalidURL, Record, StorageError
 from disklesslog.segments import store as store_module
 from disklesslog.segments.layout import MARKER, STATE, StreamState, decode_json, segment_name
 
@@ -234,12 +234,12 @@ def test_failed_write_leaves_nothing_visible(
             raise OSError(errno.ENOSPC, "No space left on device")  # ...then the disk is full
 
         monkeypatch.setattr(store_module.os, "writev", half_then_enospc)
-        with pytest.raises(OSError, match="No space"):
+        with pytest.raises(StorageError, match="No space"):
             stream.append(b"lost")
-        with pytest.raises(OSError):
+        with pytest.raises(StorageError):
             stream.append_batch([b"lost"] * 3)
         monkeypatch.setattr(store_module.os, "writev", lambda fd, b: real_writev(fd, b) - 1)
-        with pytest.raises(OSError, match="short write"):
+        with pytest.raises(StorageError, match="short write"):
             stream.append(b"short")
         monkeypatch.setattr(store_module.os, "writev", real_writev)
         assert _logs(tmp_path)[0].stat().st_size == size  # truncated back every time
@@ -263,10 +263,10 @@ def test_writer_reports_failures_per_stream(
         writer = log.writer(linger_ms=60_000)
         good = [writer.append("good", b"%d" % i) for i in range(5)]
         bad = [writer.append("bad", b"%d" % i) for i in range(5)]
-        with pytest.raises(OSError, match="I/O error"):
+        with pytest.raises(StorageError, match="I/O error"):
             writer.flush()
         assert [f.result() for f in good] == list(range(5))
-        assert all(isinstance(f.exception(), OSError) for f in bad)
+        assert all(isinstance(f.exception(), StorageError) for f in bad)
         monkeypatch.setattr(store_module.StreamStore, "append", real_append)
         later = writer.append("bad", b"later")
         writer.flush()
