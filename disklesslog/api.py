@@ -591,6 +591,30 @@ class AbstractLog(ABC):
         resolve_grace(grace_seconds)
         return self._not_applicable("gc", dry_run)
 
+    def repair(
+        self, stream: str, *, accept_data_loss: bool = False, start_offset: int | None = None
+    ) -> MaintenanceReport:
+        """Take ``stream`` past damage that the log refuses to decide about alone, with
+        the operator's explicit decision (``docs/operations.md``, "Damage and repair").
+
+        On a local log, ``accept_data_loss=True`` accepts that storage lost records that
+        were acknowledged (reads and appends raise :class:`~disklesslog.DataLossError`
+        naming the file and the offsets): their offsets become a gap that is never
+        handed out again. ``start_offset=N`` restarts a stream whose state record and
+        its copy are both unreadable at ``N``. Without either, it runs the recovery an
+        open runs and reports what it repaired.
+
+        Object logs keep no state of their own to repair: their metadata is the
+        sequencer's, repaired there (``docs/operations.md``, "Repairing the object-store
+        sequencer" and "A damaged sequencer database"); for them this reports that it
+        does not apply.
+        """
+        if type(accept_data_loss) is not bool:
+            raise ConfigError(f"accept_data_loss must be a bool, not {accept_data_loss!r}")
+        if start_offset is not None:
+            check_offset(start_offset, "start_offset")
+        return self._not_applicable("repair", False, stream)
+
     def maintain(
         self,
         stream: str | None = None,
