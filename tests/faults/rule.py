@@ -137,9 +137,7 @@ class Ledger:
             outcome = REPAIRED if warned.messages else INTACT
             self.add(kind, outcome)
             return outcome
-        self.add(
-            kind, VIOLATION, f"{context} {name}: got {_short(got)}, expected {_short(expected)}"
-        )
+        self.add(kind, VIOLATION, f"{context} {name}: got {short(got)}, expected {short(expected)}")
         return VIOLATION
 
     def violations(self) -> list[str]:
@@ -174,6 +172,6 @@ class Ledger:
         assert not bad, "the rule is broken:\n" + "\n".join(bad)
 
 
-def _short(value: Any) -> str:
+def short(value: Any) -> str:
     text = repr(value)
     return text if len(text) < 160 else text[:160] + "..."
