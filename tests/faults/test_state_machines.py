@@ -16,6 +16,7 @@ suite runs few short examples, the slow one many long ones (and S3 via moto).
 
 from __future__ import annotations
 
+import contextlib
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -239,10 +240,8 @@ class StreamMachine(RuleBasedStateMachine):
             self.other.close,
         ):
             if close is not None:
-                try:
+                with contextlib.suppress(DisklessLogError):
                     close()
-                except DisklessLogError:
-                    pass
 
 
 # ----------------------------------------------------------------- consumer
