@@ -28,7 +28,7 @@ def main(path: str) -> None:
                     corruption[kind][outcome] += count
             else:
                 target = name.split(":", 1)[1]
-                for kind, outcome, count in entry["counts"]:
+                for _kind, outcome, count in entry["counts"]:
                     campaigns[target][outcome] += count
                 calls[target].update(entry["figures"])
             for key, found in entry["examples"].items():
@@ -44,8 +44,10 @@ def main(path: str) -> None:
     cells = " | ".join(str(total.get(o, 0)) for o in OUTCOMES)
     print(f"| **all** | **{sum(total.values())}** | {cells} |")
     print()
-    print("| campaign | calls | faults | fail | lost | timeout | corrupt | acked | "
-          "unknown outcome | typed | untyped-oserror | VIOLATION |")
+    print(
+        "| campaign | calls | faults | fail | lost | timeout | corrupt | acked | "
+        "unknown outcome | typed | untyped-oserror | VIOLATION |"
+    )
     print("|---|" + "---:|" * 11)
     for target in sorted(campaigns):
         fig = calls[target]
