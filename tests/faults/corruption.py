@@ -81,7 +81,8 @@ CATALOGUE: list[tuple[str, str]] = [
     (r"^objects-[a-z]+/objects/\d{20}-[0-9a-f]{16}\.compacted$", "object-compacted"),
     (r"^objects-[a-z]+/objects/\d{20}-[0-9a-f]{16}\.staged$", "object-staged"),
     (r"^objects-[a-z]+/disklesslog-meta\.db$", "sqlite-database"),
-    (r"^objects-[a-z]+/disklesslog-meta\.db-(wal|shm)$", "sqlite-wal"),
+    (r"^objects-[a-z]+/disklesslog-meta\.db-wal$", "sqlite-wal"),
+    (r"^objects-[a-z]+/disklesslog-meta\.db-shm$", "sqlite-shm"),
     (r"^objects-[a-z]+/_sequencer/log/\d{20}$", "sequencer-entry"),
     (r"^objects-[a-z]+/_sequencer/checkpoints/\d{20}-\d{13}$", "sequencer-checkpoint"),
     (r"^cache/.+$", "cache-block"),
@@ -486,7 +487,10 @@ def fuzz(
             damaged = damage(original, how, rng)
             (subject.root / relative).write_bytes(damaged)
             per_copy = Ledger(ledger.campaign)
-            run_observations(subject, per_copy, kind)
+            if relative.endswith("-shm"):
+                _observe_in_child(subject, per_copy, kind)
+            else:
+                run_observations(subject, per_copy, kind)
             outcome = _worst(per_copy)
             ledger.add(
                 f"{kind}",
@@ -499,6 +503,42 @@ def fuzz(
             saved.restore()
     ledger.figures["copies"] += made
     return made
+
+
+def _observe_in_child(subject: Subject, per_copy: Ledger, kind: str) -> None:
+    """Observe in a forked child: SQLite maps its ``-shm`` file into memory, and a
+    damaged one can kill the process with SIGBUS (a violation, reported as such)."""
+    reader, writer = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: observe, send the counts, leave without cleanup
+        code = 0
+        try:
+            child = Ledger(per_copy.campaign)
+            run_observations(subject, child, kind)
+            payload = repr(
+                ([[*k, n] for k, n in child.counts.items()], list(child.examples.items()))
+            ).encode()
+            os.write(writer, payload)
+        except BaseException:
+            code = 1
+        finally:
+            os._exit(code)
+    os.close(writer)
+    chunks = []
+    while chunk := os.read(reader, 1 << 16):
+        chunks.append(chunk)
+    os.close(reader)
+    _, status = os.waitpid(pid, 0)
+    if os.WIFSIGNALED(status) or not chunks:
+        per_copy.add(kind, VIOLATION, f"opening the copy killed the process (wait status {status})")
+        return
+    import ast
+
+    counts, examples = ast.literal_eval(b"".join(chunks).decode())
+    for observed, outcome, count in counts:
+        per_copy.counts[(observed, outcome)] += count
+    for key, found in examples:
+        per_copy.examples[tuple(key)] = found
 
 
 def _worst(per_copy: Ledger) -> str:
