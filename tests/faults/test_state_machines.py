@@ -373,3 +373,28 @@ def test_consumer_machine_long(
     backend: Backend, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
     _run(ConsumerMachine, backend, tmp_path, request, SLOW)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_handles_follow_a_stream_recreated_elsewhere(
+    backend: Backend, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """The step sequence the stream machine found, kept as a fixed case: after another
+    handle deletes and re-creates a stream, this handle's appends (``Stream.append``
+    and a writer opened before) go to the new stream from offset 0."""
+    open_log = backend(tmp_path, request)
+    log, other = open_log(), open_log()
+    try:
+        log.create_stream("s0")
+        writer = log.writer(linger_ms=1)
+        log.stream("s0").append_batch([b"old"])
+        writer.append("s0", b"old-2").result(timeout=30)
+        other.delete_stream("s0")
+        other.create_stream("s0")
+        assert log.stream("s0").append(b"new") == 0
+        assert writer.append("s0", b"new-2").result(timeout=30) == 1
+        writer.close()
+        assert [r.value for r in other.stream("s0").read()] == [b"new", b"new-2"]
+    finally:
+        log.close()
+        other.close()
