@@ -1,8 +1,8 @@
 """Sum a fault-suite report (``DL_FAULTS_REPORT=path``, one JSON line per ledger) into
 the tables of docs/faults.md::
 
-    DL_FAULTS_REPORT=/tmp/faults.jsonl ./dev test tests/faults -m "not slow"
-    .venv/bin/python tests/faults/report.py /tmp/faults.jsonl
+    DL_FAULTS_REPORT=faults.jsonl ./dev test tests/faults -m "not slow"
+    .venv/bin/python tests/faults/report.py faults.jsonl
 """
 
 from __future__ import annotations
