@@ -101,7 +101,7 @@ FAST = settings(
     deadline=None,
     suppress_health_check=list(HealthCheck),
 )
-SLOW = settings(FAST, max_examples=60, stateful_step_count=40, phases=list(Phase))
+SLOW = settings(FAST, max_examples=40, stateful_step_count=30)
 
 values = st.lists(st.binary(min_size=0, max_size=24), min_size=1, max_size=6)
 
