@@ -54,6 +54,8 @@ CATALOGUE: list[tuple[str, str]] = [
     (r"^local/disklesslog\.json$", "log-marker"),
     (r"^local/streams/[^/]+/stream\.json$", "stream-config"),
     (r"^local/streams/[^/]+/stream\.state$", "stream-state"),
+    (r"^local/streams/[^/]+/stream\.state\.copy$", "stream-state-copy"),
+    (r"^local/streams/[^/]+/\d{20}\.lost$", "lost-marker"),
     (r"^local/streams/[^/]+/\d{20}\.log$", "segment"),  # closed or active: see kind_of
     (r"^local/streams/[^/]+/\d{20}\.index$", "offset-index"),
     (r"^local/streams/[^/]+/\d{20}\.timeindex$", "time-index"),
