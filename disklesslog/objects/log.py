@@ -623,7 +623,17 @@ OWN_ENTRIES = frozenset(
 )
 """What an object log's root may hold before its marker is written (all of it ours: a
 log being created by another process, or one whose creator crashed before the marker):
-anything else makes the location foreign."""
+anything else makes the location foreign. A write-by-rename temporary of one of these
+(``disklesslog.json.tmp-<hex>`` while another process writes the marker on local
+files) is ours too: see :func:`_is_own`."""
+
+
+def _is_own(name: str) -> bool:
+    """Whether ``name`` is one of :data:`OWN_ENTRIES` or a temporary file of one."""
+    base, sep, tail = name.partition(".tmp-")
+    if sep and tail:
+        return base in OWN_ENTRIES
+    return name in OWN_ENTRIES
 
 
 def _check_root(storage: ObjectStorage, url: str, *, create: bool) -> bool:
@@ -635,7 +645,7 @@ def _check_root(storage: ObjectStorage, url: str, *, create: bool) -> bool:
     if raw is not None:
         check_marker(raw, kind=KIND, version=VERSION, where=url)
         return True
-    foreign = sorted(set(storage.list_root()) - OWN_ENTRIES)
+    foreign = sorted(name for name in storage.list_root() if not _is_own(name))
     if foreign:
         raise InvalidURL(
             f"{url} is not empty and not a disklesslog log (it holds {foreign[0]!r}, and no "
