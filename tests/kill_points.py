@@ -199,22 +199,25 @@ class Child(Protocol):
 def wait(path: str | Path, child: Child, timeout: float = 120.0) -> Report:
     """In the parent: wait until ``child`` reported a stop, an end or an error, or has
     ended; return what it reported."""
-    path = Path(path)
     deadline = time.monotonic() + timeout
     while True:
         ended = child.poll() is not None  # before reading: its last report is in then
-        lines = path.read_text().split("\n")[:-1] if path.exists() else []  # whole lines
-        report = _parse(lines)
+        report = read(path)
         if report.stopped_at is not None or report.error or report.finished:
             return report
         if ended:
             report.error = "the child ended without a report"
             return report
-        assert time.monotonic() < deadline, f"no stop or end reported in {timeout} s: {lines}"
+        assert time.monotonic() < deadline, f"no stop or end reported in {timeout} s: {report}"
         time.sleep(0.001)
 
 
-def _parse(lines: list[str]) -> Report:
+def read(path: str | Path) -> Report:
+    """What a child has reported to ``path`` so far (whole lines only)."""
+    try:
+        lines = Path(path).read_text().split("\n")[:-1]
+    except FileNotFoundError:
+        lines = []
     report = Report()
     for line in lines:
         kind, _, rest = line.partition(" ")

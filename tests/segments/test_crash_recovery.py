@@ -1,13 +1,21 @@
-"""Crash recovery for real: a child appending with fsync="always" is SIGKILLed at random
-moments; after each kill, reopening must yield every acknowledged record exactly once,
-in order, and never a corrupt one (SQLite's habit of testing crash recovery for real).
+"""Crash recovery for real: a child appending with fsync="always" is SIGKILLed; after
+each kill, reopening must yield every acknowledged record exactly once, in order, and
+never a corrupt one (SQLite's habit of testing crash recovery for real).
+
+Every other round the kill comes at a random moment; in the others the child tears one
+of its writes by construction (tests/kill_points.py: the append at a chosen ``writev``
+writes part of its entry, as a kill inside the system call would, and waits for the
+SIGKILL), so a torn tail is certain, and recovery must cut exactly that part.
 """
 
 from __future__ import annotations
 
+import logging
 import random
+import re
 from pathlib import Path
 
+import kill_points
 import pytest
 from workers import STREAM_CONFIG, matches, parse, run_and_kill
 
@@ -16,11 +24,19 @@ import disklesslog
 MODES = ["append", "batch", "mixed", "writer", "large"]
 
 
-def _run_and_kill(directory: Path, round_no: int, mode: str, rng: random.Random) -> list[tuple]:
-    """Start a child appending to ``directory``, kill it after a random delay, and return
-    the acknowledgements it printed: (offset, count, round, first_seq)."""
+def _run_and_kill(
+    directory: Path, round_no: int, mode: str, rng: random.Random, tear: Path | None
+) -> list[tuple]:
+    """Start a child appending to ``directory``, kill it after a random delay (or, with
+    ``tear``, once it has torn a write, reporting to that file), and return the
+    acknowledgements it printed: (offset, count, round, first_seq)."""
     args = ["crash", str(directory), str(round_no), mode, str(rng.randrange(1 << 30))]
-    lines = run_and_kill(args, rng.uniform(0.005, 0.25))
+    if tear is None:
+        lines = run_and_kill(args, rng.uniform(0.005, 0.25))
+    else:
+        tear.unlink(missing_ok=True)
+        args += [str(tear), str(rng.randint(1, 30))]
+        lines = run_and_kill(args, 60, until=lambda: kill_points.read(tear).torn is not None)
     return [tuple(int(x) for x in line.split()[1:]) for line in lines]
 
 
@@ -45,26 +61,42 @@ def _check(directory: Path, acked: list[tuple]) -> int:
     return len(records)
 
 
+def _repairs(caplog: pytest.LogCaptureFixture) -> list[int]:
+    """The bytes of each torn tail recovery cut, as its warnings say."""
+    found = [re.search(r"truncating (\d+) bytes", r.getMessage()) for r in caplog.records]
+    return [int(match[1]) for match in found if match]
+
+
 def _crash_rounds(tmp_path: Path, rounds: int, seed: int, caplog: pytest.LogCaptureFixture) -> None:
     rng = random.Random(seed)
     directory = tmp_path / "log"
     with disklesslog.open(directory) as log:
         log.create_stream("s", **STREAM_CONFIG)
     acked: list[tuple] = []
-    total_acks = 0
+    total_acks = torn_rounds = repaired = 0
     for round_no in range(rounds):
         mode = MODES[round_no % len(MODES)]
-        new = _run_and_kill(directory, round_no, mode, rng)
-        total_acks += len(new)
-        acked.extend(new)
-        _check(directory, acked)
+        # A writer flush may write several entries at once: a cut could fall between them.
+        tear = tmp_path / "kill-points" if round_no % 2 and mode != "writer" else None
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="disklesslog"):
+            new = _run_and_kill(directory, round_no, mode, rng, tear)
+            total_acks += len(new)
+            acked.extend(new)
+            _check(directory, acked)
+        repaired += len(_repairs(caplog))
+        if tear is not None:
+            torn = kill_points.read(tear).torn
+            assert torn is not None and 0 < torn[0] < torn[1], torn
+            assert _repairs(caplog) == [torn[0]], f"{mode}: tore {torn}, cut {_repairs(caplog)}"
+            torn_rounds += 1
     segments = list((directory / "streams" / "s").glob("*.log"))
     assert total_acks > rounds, "the children barely appended; the test proves little"
     assert len(segments) > 1, "no segment roll happened; use smaller segments"
-    repairs = [r.getMessage() for r in caplog.records if "truncating" in r.getMessage()]
+    assert torn_rounds >= rounds // 3 and repaired >= torn_rounds, (torn_rounds, repaired)
     print(
         f"{rounds} kills, {total_acks} acknowledged appends, {len(segments)} segments, "
-        f"{len(repairs)} torn tails repaired"
+        f"{repaired} torn tails repaired ({torn_rounds} torn by construction)"
     )
 
 
