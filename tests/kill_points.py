@@ -253,6 +253,12 @@ class Forked:
                 self.status = status
         return self.status
 
+    def join(self) -> int:
+        """Wait for the child to end; its wait status."""
+        if self.status is None:
+            _, self.status = os.waitpid(self.pid, 0)
+        return self.status
+
     def kill(self) -> int:
         """SIGKILL the child unless it ended; its wait status."""
         if self.poll() is None:

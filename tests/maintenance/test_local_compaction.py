@@ -672,7 +672,7 @@ def _kill_rounds(path: Path, rounds: int, seed: int) -> Iterator[str]:
         shutil.copytree(path, copy)
         child = _compact_armed(copy, fsync, report, None)
         calibration = kill_points.wait(report, child)
-        assert child.kill() == 0 and calibration.finished, calibration
+        assert child.join() == 0 and calibration.finished, calibration
         with _open(copy) as log:
             after = _rows(log)
         assert after != before, "the pass changed nothing"

@@ -771,7 +771,7 @@ def test_sigkill_while_tiering_loses_nothing(tmp_path: Path, rounds: int) -> Non
         copy = _copy_tiered_log(path, tmp_path / "tier", tmp_path / "copy")
         child = _tier_armed(copy, report, None)
         calibration = kill_points.wait(report, child)
-        assert child.kill() == 0 and calibration.finished, calibration
+        assert child.join() == 0 and calibration.finished, calibration
         window = KILL_WINDOWS[round_no % len(KILL_WINDOWS)]
         spans = [(1, calibration.calls)] if window == "anywhere" else calibration.spans(window)
         assert spans, f"the run never made a file call in {window}: {calibration}"
