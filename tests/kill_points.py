@@ -87,11 +87,13 @@ class Report:
 
 
 class _Counter:
-    def __init__(self, path: Path, stop_at: int | None, tear: bool) -> None:
+    def __init__(self, path: Path, stop_at: int | None, tear: bool, inside: str | None) -> None:
         self.lock = threading.Lock()
         self.calls = 0
         self.stop_at = stop_at
         self.tear = tear
+        self.inside = inside
+        self.depth = 0  # calls of ``inside`` under way
         self.write = os.write  # the originals: reporting is not counted
         self.fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
 
@@ -101,6 +103,8 @@ class _Counter:
     def count(self, name: str, original: Callable[..., Any], args: tuple[Any, ...]) -> None:
         """Count a call; at ``stop_at``, (tear and) report, then wait to be killed."""
         with self.lock:
+            if self.inside is not None and not self.depth:
+                return
             self.calls += 1
             if self.calls != self.stop_at:
                 return
@@ -126,10 +130,13 @@ def arm(
     *,
     calls: tuple[str, ...] = FILE_CALLS,
     tear: bool = False,
+    inside: str | None = None,
 ) -> None:
     """In the current (child) process, from now on: count ``calls`` (``os`` function
-    names), report to ``path``, and stop at call number ``stop_at`` (see the module)."""
-    counter = _Counter(Path(path), stop_at, tear)
+    names), report to ``path``, and stop at call number ``stop_at`` (see the module).
+    With ``inside``, only the calls made inside a function of that name that
+    :func:`marking` watches count (a child repeating an operation stops in one)."""
+    counter = _Counter(Path(path), stop_at, tear, inside)
     _armed[:] = [counter]
 
     def wrap(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
@@ -163,14 +170,21 @@ def mark(label: str) -> None:
 
 
 def marking(module: Any, *names: str) -> None:
-    """Mark every call of the functions ``names`` of ``module`` (their entry as the
-    name, their return as "<name> done"), so :meth:`Report.spans` can tell which file
-    calls each made. Patches the module: callers that look the name up there see it."""
+    """Mark every call of the functions ``names`` of ``module`` (a module or a class:
+    their entry as the name, their return as "<name> done"), so :meth:`Report.spans`
+    can tell which file calls each made. Patches ``module``: callers that look the name
+    up there see it."""
 
     def marked(name: str, function: Callable[..., Any]) -> Callable[..., Any]:
         def call(*args: Any, **kwargs: Any) -> Any:
             mark(name)
-            result = function(*args, **kwargs)
+            for counter in _armed:
+                counter.depth += name == counter.inside
+            try:
+                result = function(*args, **kwargs)
+            finally:
+                for counter in _armed:
+                    counter.depth -= name == counter.inside
             mark(f"{name} done")
             return result
 

@@ -171,12 +171,19 @@ def txn_value(k: int) -> bytes:
     return b"t%08d-" % k + b"x" * 2000
 
 
-def txn_child(directory: str, seed: int) -> None:
+def txn_child(directory: str, seed: int, *armed: str) -> None:
     """Commit transactions forever (transaction k puts one record in each of
-    TXN_STREAMS, staged in two parts), acknowledging each once its commit returned."""
+    TXN_STREAMS, staged in two parts), acknowledging each once its commit returned.
+    With ``armed`` (``REPORT CALL``), wait for the SIGKILL at file call number ``CALL``
+    made inside a commit (tests/kill_points.py)."""
     rng = random.Random(seed)
     log = disklesslog.open(directory, fsync="always")  # recovers an interrupted commit
     k = len({r.value for r in log.stream(TXN_STREAMS[0]).read()})
+    if armed:
+        import kill_points  # on the path of crash tests only (kill_points.child_env)
+
+        kill_points.arm(armed[0], int(armed[1]), inside="commit_transaction")
+        kill_points.marking(type(log), "commit_transaction")
     sys.stdout.write("ready\n")
     sys.stdout.flush()
     while True:
@@ -222,7 +229,7 @@ if __name__ == "__main__":
     if sys.argv[1] == "crash":
         crash_child(sys.argv[2], int(sys.argv[3]), sys.argv[4], int(sys.argv[5]), *sys.argv[6:])
     elif sys.argv[1] == "txn":
-        txn_child(sys.argv[2], int(sys.argv[3]))
+        txn_child(sys.argv[2], int(sys.argv[3]), *sys.argv[4:])
     elif sys.argv[1] == "txn-reader":
         txn_reader(sys.argv[2], float(sys.argv[3]))
     else:
