@@ -11,6 +11,7 @@ SIGKILL), so a torn tail is certain, and recovery must cut exactly that part.
 from __future__ import annotations
 
 import logging
+import os
 import random
 import re
 from pathlib import Path
@@ -109,3 +110,49 @@ def test_sigkill_while_appending_many_rounds(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     _crash_rounds(tmp_path, rounds=150, seed=2, caplog=caplog)
+
+
+PAGE = 4096
+
+
+@pytest.mark.parametrize("lost", ["middle", "last"])
+def test_a_page_lost_after_the_recovery_point_is_cut_by_its_checksum(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, lost: str
+) -> None:
+    """After a power cut, a file can be as long as it was, with a page inside it that
+    never reached the disk (zeros). Only the checksum tells such an entry from a good
+    one: its length and framing are intact. A process that crashed after appending
+    ``b``, ``c`` and ``d`` past its recovery point (after ``a``) has a page of ``c`` or
+    of ``d`` zeroed: recovery must cut from that entry on and keep what precedes it,
+    and the stream takes appends again. (The bit-flip test in test_torn_and_corrupt.py
+    damages a header; this damages a body.)"""
+    directory = tmp_path / "log"
+    values = {name: name.encode() * (3 * PAGE) for name in "abcd"}  # each holds a whole page
+    with disklesslog.open(directory, fsync="always") as log:
+        log.create_stream("s").append(values["a"])
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child: appends, then crashes before any sync
+        code = 0
+        try:
+            log = disklesslog.open(directory, fsync="interval", fsync_interval_ms=3_600_000)
+            for name in "bcd":
+                log.stream("s").append(values[name])
+        except BaseException:
+            code = 1
+        os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    (segment,) = (directory / "streams" / "s").glob("*.log")
+    data = bytearray(segment.read_bytes())
+    damaged = "c" if lost == "middle" else "d"
+    start = data.index(values[damaged])
+    page = start + PAGE - start % PAGE  # the first whole page inside the value
+    data[page : page + PAGE] = bytes(PAGE)
+    segment.write_bytes(bytes(data))
+    with caplog.at_level(logging.WARNING, logger="disklesslog"), disklesslog.open(directory) as log:
+        kept = [r.value for r in log.stream("s").read()]
+        assert log.stream("s").append(b"after") == len(kept)
+    expected = [values[name] for name in "ab"] + ([values["c"]] if lost == "last" else [])
+    assert kept == expected
+    (cut,) = _repairs(caplog)  # the damaged entry, with whatever followed it
+    assert len(data) - start < cut < len(data) - start + 100, (cut, len(data) - start)
