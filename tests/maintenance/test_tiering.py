@@ -514,6 +514,36 @@ def test_trims_below_and_above_the_local_start(tmp_path: Path) -> None:
     log.close()
 
 
+@pytest.mark.parametrize("edge", ["first", "last"])
+def test_trims_at_the_edges_of_tiered_and_local_segments(tmp_path: Path, edge: str) -> None:
+    """Trims to the first or the last offset of tiered segments in turn, up to the last
+    tiered one and the first local one: the segment that holds the new start stays (in
+    the manifest or on disk), and reads start exactly there, also after garbage
+    collection and after reopening."""
+    path = tmp_path / "log"
+    target = _memory_target()
+    log = _open(path, target, local_retention_bytes=2048, **SMALL)
+    ref = _fill(log, "s", 150)
+    log.tier(now_ms=NOW)
+    stream = log.stream("s")
+    tiered = [(seg.base_offset, seg.end_offset) for seg in _manifest(path).segments]
+    local = [(s["base_offset"], s["end_offset"]) for s in stream.info().details["segments"]]
+    untiered = [(base, end) for base, end in local if base >= tiered[-1][1]]
+    assert len(tiered) > 4 and untiered[0][0] == tiered[-1][1]
+    assert tiered[3][1] < _local_start(stream) <= tiered[-1][0]  # local copies stay a while
+    for base, end in [*tiered[:3], tiered[-1], untiered[0]]:
+        before = base if edge == "first" else end - 1
+        stream.trim(before)
+        assert stream.start_offset == before and _rows(stream) == ref[before:], before
+        log.collect_garbage(grace_seconds=0)
+        assert _rows(stream) == ref[before:], f"{before}: after garbage collection"
+        log.close()
+        log = _open(path, target, local_retention_bytes=2048, **SMALL)
+        stream = log.stream("s")
+        assert stream.start_offset == before and _rows(stream) == ref[before:], before
+    log.close()
+
+
 def test_corrupt_and_missing_tiered_objects_are_named(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
