@@ -32,7 +32,8 @@ def _run_and_kill(directory: Path, rng: random.Random, armed: Path | None) -> li
         lines = run_and_kill(args, rng.uniform(0.02, 0.3))
     else:
         armed.unlink(missing_ok=True)
-        args += [str(armed), str(rng.randint(1, 80))]  # a commit makes about 80
+        # A commit makes about 80 file calls: the kill comes in the third or fourth.
+        args += [str(armed), str(rng.randint(200, 300))]
         lines = run_and_kill(args, 60, until=lambda: kill_points.read(armed).stopped_at is not None)
     return [int(line.split()[1]) for line in lines]
 
@@ -90,7 +91,8 @@ def _crash_rounds(tmp_path: Path, rounds: int, seed: int) -> None:
     assert reader.returncode == 0 and out.startswith("passes"), f"the reader stopped: {out}"
     passes, held = int(out.split()[1]), int(out.split()[3])
     assert passes > rounds, f"the reader barely read ({passes} passes); the test proves little"
-    assert committed > rounds, "the children barely committed; the test proves little"
+    # By construction (not by the machine's speed): each armed round committed twice.
+    assert committed >= 2 * (rounds // 2), "the children barely committed; the test proves little"
     armed_rounds = rounds // 2
     assert interrupted >= max(1, armed_rounds // 2), f"{interrupted} of {armed_rounds} commits"
     print(
