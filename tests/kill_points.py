@@ -62,9 +62,10 @@ _WRITE_FLAGS = os.O_CREAT | os.O_TRUNC | os.O_APPEND
 @dataclass
 class Report:
     """What a child reported: the call it stopped at (``None``: it did not) or whether
-    it finished; how many calls it made (up to and including the one it stopped at);
-    where each :func:`mark` fell (the number of calls made before it, each time it was
-    passed); for a torn write, ``(bytes written, bytes asked for)``; an error."""
+    it finished; how many calls it counted (with the one it stopped at, which it never
+    made, or tore); where each :func:`mark` fell (the number of calls counted before it,
+    each time it was passed); for a torn write, ``(bytes written, bytes asked for)``;
+    an error."""
 
     stopped_at: int | None = None
     finished: bool = False
