@@ -8,6 +8,7 @@ appends, argument checking) is implemented once here; backends supply the storag
 
 from __future__ import annotations
 
+import math
 import re
 import time
 from abc import ABC, abstractmethod
@@ -26,6 +27,7 @@ from .errors import (
     OffsetOutOfRange,
     StreamNotFound,
 )
+from .format import MAX_OFFSET, MAX_TIMESTAMP
 from .records import Record, RecordBatch
 
 if TYPE_CHECKING:
@@ -42,6 +44,9 @@ __all__ = [
     "StreamInfo",
     "check_offset",
     "check_read_arguments",
+    "check_seconds",
+    "check_timestamp",
+    "finite_number",
     "validate_group_name",
     "validate_stream_name",
 ]
@@ -76,14 +81,64 @@ def validate_group_name(name: object) -> str:
 
 
 def check_offset(value: object, what: str) -> int:
-    """Return ``value`` if it is a non-negative int offset, else raise a typed error."""
+    """Return ``value`` if it is an int offset in ``0..MAX_OFFSET`` (2**63-1), else raise:
+    :class:`ConfigError` for another type (``bool`` included), :class:`OffsetOutOfRange`
+    for an int no stream can hold. The latter is raised before any stream is looked at,
+    so it carries no stream's range (``start_offset=0, end_offset=-1``).
+
+    Every public call taking an offset checks it here, before a backend sees it: both
+    backends then refuse the same values the same way, and no storage layer (a SQL
+    column, a 64-bit file field) meets an integer it cannot hold."""
     if type(value) is not int:
         raise ConfigError(f"{what} must be an int offset, not {type(value).__name__}")
     if value < 0:
         raise OffsetOutOfRange(
             f"{what}={value} is negative; offsets start at 0", start_offset=0, end_offset=-1
         )
+    if value > MAX_OFFSET:
+        raise OffsetOutOfRange(
+            f"{what}={value} is above 2**63-1, the largest offset a stream can hold",
+            start_offset=0,
+            end_offset=-1,
+        )
     return value
+
+
+def check_timestamp(value: object, what: str) -> int:
+    """Return ``value`` if it is an int timestamp in ms within ``0..MAX_TIMESTAMP``
+    (2**63-1, what a record can carry), else raise :class:`ConfigError`."""
+    if type(value) is not int:
+        raise ConfigError(f"{what} must be an int (ms since the epoch), not {type(value).__name__}")
+    if not 0 <= value <= MAX_TIMESTAMP:
+        raise ConfigError(f"{what}={value} is outside 0..2**63-1 (ms since the epoch)")
+    return value
+
+
+def finite_number(value: object) -> float | None:
+    """``value`` as a float if it is a finite int or float (not ``bool``), else ``None``:
+    also for an int too large for a float, which ``math.isfinite`` would raise on."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    try:
+        number = float(value)
+    except OverflowError:
+        return None
+    return number if math.isfinite(number) else None
+
+
+def check_seconds(value: object, what: str, *, zero: bool = False, forever: bool = False) -> float:
+    """Return ``value`` as a float if it is a number of seconds > 0 (>= 0 with ``zero``),
+    finite unless ``forever`` (a timeout may be ``math.inf``, an interval never); else
+    raise :class:`ConfigError`. ``bool``, NaN and ints too large for a float are refused."""
+    seconds = finite_number(value)
+    if seconds is None and forever and value == math.inf and not isinstance(value, bool):
+        seconds = math.inf
+    if seconds is None:
+        kind = "a number of seconds (or math.inf)" if forever else "a finite number of seconds"
+        raise ConfigError(f"{what} must be {kind}, not {value!r}")
+    if seconds < 0 or (seconds == 0 and not zero):
+        raise ConfigError(f"{what} must be {'>= 0' if zero else 'positive'}, not {value!r}")
+    return seconds
 
 
 def check_read_arguments(start: object, end: object, max_records: object) -> None:
@@ -217,10 +272,20 @@ class Stream(ABC):
         as they are appended, forever or until ``idle_timeout`` seconds pass without one.
 
         Polls the end offset, backing off from 1 ms up to ``poll_interval`` while idle.
-        Waits for the stream to be created if it does not exist yet.
+        Waits for the stream to be created if it does not exist yet. Argument errors
+        raise at the call, not at the first ``next()``.
         """
-        if poll_interval <= 0:
-            raise ConfigError("poll_interval must be positive")
+        if start is not None:
+            check_offset(start, "start")
+        interval = check_seconds(poll_interval, "poll_interval")
+        idle = (
+            None if idle_timeout is None else check_seconds(idle_timeout, "idle_timeout", zero=True)
+        )
+        return self._follow(start, interval, idle)
+
+    def _follow(
+        self, start: int | None, poll_interval: float, idle_timeout: float | None
+    ) -> Iterator[Record]:
         position = start
         delay = min(0.001, poll_interval)
         idle_since = time.monotonic()
@@ -465,6 +530,8 @@ class AbstractLog(ABC):
         self._check_open()
         if stream is not None:
             validate_stream_name(stream)
+        if now_ms is not None:
+            check_timestamp(now_ms, "now_ms")
         return apply_retention(self, stream, dry_run=dry_run, progress=progress, now_ms=now_ms)
 
     def compact(
@@ -482,7 +549,7 @@ class AbstractLog(ABC):
         stream is compacted when its dirty ratio (bytes written since the last pass over
         all compactable bytes) reaches ``min_cleanable_dirty_ratio``, or with ``force``.
         A ``stream`` named here must be compacted (ConfigError otherwise)."""
-        return self._not_applicable("compaction", dry_run)
+        return self._not_applicable("compaction", dry_run, stream, now_ms)
 
     def merge(
         self,
@@ -496,7 +563,7 @@ class AbstractLog(ABC):
         """Object logs: rewrite the batches of small combined (WAL) objects into
         per-stream objects of about ``target_bytes`` (64 MiB), so a stream's reads touch
         few large objects."""
-        return self._not_applicable("merge", dry_run)
+        return self._not_applicable("merge", dry_run, stream, now_ms)
 
     def tier(
         self,
@@ -508,7 +575,7 @@ class AbstractLog(ABC):
     ) -> MaintenanceReport:
         """Local logs opened with ``tier_url=``: copy closed segments to object storage and
         delete local copies past ``local_retention_ms``/``local_retention_bytes``."""
-        return self._not_applicable("tiering", dry_run)
+        return self._not_applicable("tiering", dry_run, stream, now_ms)
 
     def collect_garbage(
         self,
@@ -519,7 +586,34 @@ class AbstractLog(ABC):
     ) -> MaintenanceReport:
         """Delete stored data nothing refers to any more, once it has been unreferenced
         for ``grace_seconds`` (default 300: readers holding old locations finish first)."""
+        from .maintenance.grace import resolve_grace  # noqa: PLC0415 - a cycle
+
+        resolve_grace(grace_seconds)
         return self._not_applicable("gc", dry_run)
+
+    def repair(
+        self, stream: str, *, accept_data_loss: bool = False, start_offset: int | None = None
+    ) -> MaintenanceReport:
+        """Take ``stream`` past damage that the log refuses to decide about alone, with
+        the operator's explicit decision (``docs/operations.md``, "Damage and repair").
+
+        On a local log, ``accept_data_loss=True`` accepts that storage lost records that
+        were acknowledged (reads and appends raise :class:`~disklesslog.DataLossError`
+        naming the file and the offsets): their offsets become a gap that is never
+        handed out again. ``start_offset=N`` restarts a stream whose state record and
+        its copy are both unreadable at ``N``. Without either, it runs the recovery an
+        open runs and reports what it repaired.
+
+        Object logs keep no state of their own to repair: their metadata is the
+        sequencer's, repaired there (``docs/operations.md``, "Repairing the object-store
+        sequencer" and "A damaged sequencer database"); for them this reports that it
+        does not apply.
+        """
+        if type(accept_data_loss) is not bool:
+            raise ConfigError(f"accept_data_loss must be a bool, not {accept_data_loss!r}")
+        if start_offset is not None:
+            check_offset(start_offset, "start_offset")
+        return self._not_applicable("repair", False, stream)
 
     def maintain(
         self,
@@ -533,9 +627,16 @@ class AbstractLog(ABC):
         """Run every maintenance operation that applies to this log, in order: retention,
         compaction, merging, tiering, garbage collection (log-wide, with
         ``grace_seconds``). Returns their reports added up."""
+        from .maintenance.grace import resolve_grace  # noqa: PLC0415 - a cycle
         from .maintenance.report import MaintenanceReport  # noqa: PLC0415 - a cycle
 
         self._check_open()
+        # Every argument is checked before the first step changes anything.
+        if stream is not None:
+            validate_stream_name(stream)
+        if now_ms is not None:
+            check_timestamp(now_ms, "now_ms")
+        resolve_grace(grace_seconds)
         report = MaintenanceReport("maintain", dry_run=dry_run)
         retention = self.apply_retention(stream, dry_run=dry_run, progress=progress, now_ms=now_ms)
         config = None if stream is None else self.stream(stream).config
@@ -556,10 +657,18 @@ class AbstractLog(ABC):
         report.streams = max(step.streams for step in steps)
         return report
 
-    def _not_applicable(self, operation: str, dry_run: bool) -> MaintenanceReport:
+    def _not_applicable(
+        self, operation: str, dry_run: bool, stream: object = None, now_ms: object = None
+    ) -> MaintenanceReport:
+        """A report saying the operation does not apply; its arguments are still checked,
+        so a bad one is refused on every backend alike."""
         from .maintenance.report import MaintenanceReport  # noqa: PLC0415 - a cycle
 
         self._check_open()
+        if stream is not None:
+            validate_stream_name(stream)
+        if now_ms is not None:
+            check_timestamp(now_ms, "now_ms")
         report = MaintenanceReport(operation, dry_run=dry_run)
         report.skipped.append(f"not applicable to {type(self).__name__} logs")
         return report

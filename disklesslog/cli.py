@@ -29,7 +29,7 @@ from typing import Any, BinaryIO, Literal
 from . import __version__
 from . import open as open_log
 from .api import AbstractLog as Log
-from .api import Stream, StreamInfo
+from .api import Stream, StreamInfo, validate_stream_name
 from .config import StreamConfig
 from .errors import CorruptDataError, DisklessLogError, StreamNotFound
 from .maintenance import cli as maintenance_commands
@@ -507,6 +507,7 @@ class _Produced:
 
 
 def _cmd_produce(args: argparse.Namespace) -> int:
+    validate_stream_name(args.stream)  # before the log is created: a bad name leaves none
     with _open_log(args, create=True) as log:
         stream = log.stream(args.stream)
         produced = _Produced()

@@ -8,7 +8,6 @@ reads with :meth:`Stream.read_batches` and stores its positions with
 from __future__ import annotations
 
 import logging
-import math
 import threading
 import time
 from collections import deque
@@ -17,6 +16,7 @@ from itertools import repeat
 from types import TracebackType
 from typing import TYPE_CHECKING
 
+from .api import check_seconds
 from .errors import ConfigError, LogClosedError, OffsetOutOfRange, StreamNotFound
 from .records import Record, RecordBatch
 
@@ -94,16 +94,20 @@ class Consumer:
     ) -> None:
         if isinstance(streams, (str, bytes)):
             raise ConfigError(f"streams must be a list of stream names, not one: use [{streams!r}]")
-        if reset not in RESETS:
+        if not isinstance(streams, Iterable):
+            raise ConfigError(f"streams must be a list of stream names, not {streams!r}")
+        if not isinstance(reset, str) or reset not in RESETS:
             raise ConfigError(f"reset={reset!r} is unknown; choose 'earliest' or 'latest'")
-        auto_commit = _optional_number(auto_commit_interval_ms, "auto_commit_interval_ms")
-        self._poll_interval = _number(poll_interval, "poll_interval")
-        self._idle_timeout = _optional_number(idle_timeout, "idle_timeout", zero=True)
+        auto_commit = _optional_seconds(auto_commit_interval_ms, "auto_commit_interval_ms")
+        self._poll_interval = check_seconds(poll_interval, "poll_interval")
+        self._idle_timeout = _optional_seconds(
+            idle_timeout, "idle_timeout", zero=True, forever=True
+        )
         # The log validates names: stream() the stream names, committed_offsets() the group.
         self._handles: dict[str, Stream] = {}
         for name in streams:
-            if name not in self._handles:
-                self._handles[name] = log.stream(name)
+            handle = log.stream(name)  # a name first: anything else cannot be a dict key
+            self._handles.setdefault(name, handle)
         if not self._handles:
             raise ConfigError("a consumer needs at least one stream")
         committed = log.committed_offsets(group)
@@ -173,7 +177,7 @@ class Consumer:
         """
         if type(max_records) is not int or max_records < 1:
             raise ConfigError("max_records must be a positive int")
-        wait = _number(timeout, "timeout", zero=True)
+        wait = check_seconds(timeout, "timeout", zero=True, forever=True)
         deadline = time.monotonic() + wait
         delay = min(0.001, self._poll_interval)
         while True:
@@ -476,15 +480,6 @@ class Consumer:
         return offsets
 
 
-def _number(value: object, what: str, *, zero: bool = False) -> float:
-    """``value`` as a float if it is a real number > 0 (>= 0 with ``zero``)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
-        raise ConfigError(f"{what} must be a number, not {value!r}")
-    if value < 0 or (value == 0 and not zero):
-        raise ConfigError(f"{what} must be {'>= 0' if zero else 'positive'}, not {value!r}")
-    return float(value)
-
-
-def _optional_number(value: object, what: str, *, zero: bool = False) -> float | None:
-    """``None``, or ``value`` checked by :func:`_number`."""
-    return None if value is None else _number(value, what, zero=zero)
+def _optional_seconds(value: object, what: str, **rule: bool) -> float | None:
+    """``None``, or ``value`` checked by :func:`~disklesslog.api.check_seconds`."""
+    return None if value is None else check_seconds(value, what, **rule)

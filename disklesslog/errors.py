@@ -24,10 +24,13 @@ __all__ = [
     "ProducerFenced",
     "RecordTooLarge",
     "SequencerConflict",
+    "SequencerDamaged",
     "SequencerError",
+    "StorageError",
     "StreamExistsError",
     "StreamNotFound",
     "TransactionError",
+    "UnknownProducerState",
 ]
 
 
@@ -125,8 +128,42 @@ class LogClosedError(DisklessLogError):
 
 
 class DataLossError(CorruptDataError):
-    """Data the sequencer says exists cannot be found: an object was deleted underneath
-    (by hand, or a garbage collector run with too short a grace period)."""
+    """Data that was acknowledged is gone: an object the sequencer says exists was
+    deleted underneath (by hand, or a garbage collector run with too short a grace
+    period), or a local segment lost records that were written and synced (storage
+    lost them).
+
+    ``lost``, when known, is the range ``(first, end)`` of offsets lost. A local stream
+    refuses reads and appends until an operator accepts the loss with
+    ``SegmentLog.repair(stream, accept_data_loss=True)``; the lost offsets are never
+    handed out again (see ``docs/operations.md``).
+    """
+
+    def __init__(
+        self,
+        reason: str,
+        *,
+        source: str | None = None,
+        position: int | None = None,
+        lost: tuple[int, int] | None = None,
+    ):
+        self.lost = lost
+        super().__init__(reason, source=source, position=position)
+
+    def located(self, source: str, base_position: int) -> DataLossError:
+        position = None if self.position is None else base_position + self.position
+        return type(self)(self.reason, source=source, position=position, lost=self.lost)
+
+
+class StorageError(DisklessLogError, OSError):
+    """A storage request (an object store's GET, PUT or LIST) kept failing after every
+    retry the library makes (exponential backoff with jitter): the storage is down,
+    unreachable, throttling, or refusing the credentials. Nothing is known to be lost or
+    damaged, and a failed write left nothing visible. The message names the object and
+    the last failure (also chained as ``__cause__``): retry later, and check the
+    storage's health and credentials if it persists.
+
+    Also an ``OSError``, so code that handles I/O failures generally keeps working."""
 
 
 class SequencerError(DisklessLogError):
@@ -142,6 +179,31 @@ class OutOfOrderSequence(SequencerError):
     """A producer's batch skipped or repeated sequence numbers in a way that is neither
     the next batch nor a retry of records it committed recently: records would be lost
     or duplicated, so the whole commit was refused."""
+
+
+class SequencerDamaged(CorruptDataError):
+    """The object-store sequencer's stored state is damaged where this process needs it:
+    an entry failed its checksum (or its structure, or names a history other than the
+    one this process applied), or a checkpoint did and the entries that would replace it
+    are gone. ``source`` names the damaged object. Nothing was skipped or applied in
+    part: this process stopped before it, so it never answers differently from the
+    others. Repair it as ``docs/operations.md`` ("Repairing the object-store
+    sequencer") describes: usually a process that got past the damage writes a
+    checkpoint (``ObjectStoreSequencer.write_checkpoint()``)."""
+
+
+class UnknownProducerState(OutOfOrderSequence):
+    """The sequencer holds no sequence numbers of this producer on ``stream``, yet the
+    batch does not start at sequence 0: the stream was deleted and created again (by any
+    process) after this producer last wrote to it, and the new stream knows nothing of
+    it. Kafka's ``UNKNOWN_PRODUCER_ID``. Writers handle it themselves: they number the
+    stream from 0 again and retry, since none of their records can be in the new
+    stream. It reaches you only if the stream keeps being re-created under a writer:
+    append again."""
+
+    def __init__(self, message: str, *, stream: str) -> None:
+        super().__init__(message)
+        self.stream = stream
 
 
 class SequencerConflict(SequencerError):

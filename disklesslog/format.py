@@ -19,6 +19,7 @@ import struct
 import threading
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from itertools import islice, repeat
 from operator import add, lt, sub
 from typing import Any, NamedTuple
@@ -42,9 +43,12 @@ __all__ = [
     "DEFAULT_MAX_RECORD_BYTES",
     "HEADER_SIZE",
     "MAGIC",
+    "MAX_OFFSET",
+    "MAX_TIMESTAMP",
     "BatchHeader",
     "EncodedBatch",
     "PreparedBatch",
+    "as_column",
     "batch_size",
     "check_batch",
     "check_record",
@@ -86,6 +90,11 @@ MAX_BATCH_BYTES_LIMIT = (1 << 31) - 1  # offsets inside a segment are u32; keep 
 ZSTD_LEVEL = 3
 
 MAX_TIMESTAMP = (1 << 63) - 1
+"""Latest record timestamp (ms since the epoch): a signed 64-bit field, as in Kafka."""
+MAX_OFFSET = (1 << 63) - 1
+"""Largest offset any log holds or accepts: offsets are signed 64-bit integers wherever
+they are stored (segment entries, sequencer rows, Kafka's offsets), so every public call
+refuses a larger one before it reaches a backend (:func:`disklesslog.api.check_offset`)."""
 
 _BINARY_TYPES = frozenset({bytes, bytearray, type(None)})
 _NONE = type(None)
@@ -318,17 +327,33 @@ def _check_offset_deltas(deltas: Sequence[int], count: int, last_offset_delta: i
         raise InvalidRecordError("offset_deltas must be strictly increasing")
 
 
-def _as_sequence(items: Iterable[Any] | None, field: str) -> Sequence[Any] | None:
-    if items is None or isinstance(items, list | tuple):
+_NOT_COLUMNS = (str, bytes, bytearray, memoryview, Mapping, AbstractSet)
+
+
+def as_column(items: Iterable[Any], field: str) -> Sequence[Any]:
+    """One column of a batch (``values``, ``keys``, ``headers``, ``timestamps``) as a
+    sequence with one item per record: a list or tuple as it is, another ordered
+    iterable (a generator, a range) as a list.
+
+    Anything else is an :class:`InvalidRecordError`, never taken apart: ``None`` or a
+    number; one value (``str``, ``bytes``), which would become a record per character;
+    a mapping or a set, whose items have no order the caller chose (records would get
+    arbitrary offsets, and a dict would be stored as its keys).
+    """
+    if isinstance(items, list | tuple):
         return items
-    if isinstance(items, str | bytes | bytearray | Mapping):
-        raise InvalidRecordError(f"{field} must be a sequence with one item per record")
-    try:
-        return list(items)
-    except TypeError:
+    if isinstance(items, _NOT_COLUMNS) or not isinstance(items, Iterable):
         raise InvalidRecordError(
             f"{field} must be a sequence with one item per record, not {type(items).__name__}"
-        ) from None
+        )
+    try:
+        return list(items)
+    except TypeError as exc:  # an iterable that fails while iterated
+        raise InvalidRecordError(f"{field} could not be read as a column: {exc}") from None
+
+
+def _as_sequence(items: Iterable[Any] | None, field: str) -> Sequence[Any] | None:
+    return None if items is None else as_column(items, field)
 
 
 def encode_batch(

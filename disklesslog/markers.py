@@ -23,9 +23,14 @@ def marker_bytes(kind: str, version: int) -> bytes:
 
 
 def check_marker(raw: bytes, *, kind: str, version: int, where: str) -> None:
-    """Raise :class:`InvalidURL` unless ``raw`` marks a log of ``kind`` and ``version``."""
+    """Raise :class:`InvalidURL` unless ``raw`` marks a log of ``kind`` and ``version``.
+
+    A local log's marker ends in a checksum line (``docs/format.md`` 2.10), which the
+    local backend verifies itself; here it is set aside, so that any backend reading
+    another's marker says which kind of log it found."""
+    text, _, _ = raw.partition(b"\n#crc32c:")
     try:
-        content: Any = json.loads(raw)
+        content: Any = json.loads(text)
     except ValueError as exc:
         raise InvalidURL(f"{where}/{MARKER} is unreadable: {exc}") from None
     if not isinstance(content, dict) or content.get("format") != kind:

@@ -38,13 +38,15 @@ depends on disklesslog can use these fixtures without importing anything:
     the same as ``local_log``.
 
 :class:`FaultyMemoryFileSystem` (protocol ``faulty-memory://``) is an in-memory fsspec
-filesystem that adds latency to PUTs and GETs and fails a given number of them: for
-testing retries, lost responses and latency without a network.
+filesystem that adds latency to PUTs and GETs, fails a given number (or a fraction) of
+them, and damages GET responses: for testing retries, lost responses, bytes damaged in
+transit and latency without a network.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import random
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -80,13 +82,21 @@ __all__ = [
 
 
 class FaultyMemoryFileSystem(MemoryFileSystem):  # type: ignore[misc]
-    """fsspec's memory filesystem with injected PUT/GET latency and failures.
+    """fsspec's memory filesystem with injected latency, failures and damage.
 
     Settings are class attributes shared by every instance (fsspec caches instances),
     e.g. ``FaultyMemoryFileSystem.put_delay = 0.05`` or ``.failing_puts = 2`` (the
-    next two PUTs raise ``ConnectionError``), or ``.lost_puts = 1`` (the next PUT is
-    stored, then raises ``ConnectionError``: a response lost on the way back);
-    :meth:`reset` restores them. Counts of PUTs and GETs are kept in ``puts``/``gets``.
+    next two PUTs fail), or ``.lost_puts = 1`` (the next PUT is stored, then fails: a
+    response lost on the way back); ``.failing_gets = 2`` fails the next two GETs,
+    ``.get_failure_rate = 0.15`` each GET with that probability (drawn from ``rng``,
+    seeded by :meth:`reset`), and ``.corrupt_gets = 1`` flips one bit (the lowest of the
+    middle byte) in the bytes the next GET returns, leaving the stored object intact:
+    damage in transit. ``.failing_deletes`` (``rm_file``), ``.failing_lists``
+    (``find``) and ``.failing_infos`` (``info``, so also fsspec's ``exists``, which
+    answers False when ``info`` fails) fail the next that many of those calls.
+    Failures raise ``fault``: ``ConnectionError``, or a class that is not an
+    ``OSError``, as clients such as botocore and gcsfs raise. :meth:`reset` restores
+    them all. Counts of PUTs and GETs are kept in ``puts``/``gets``.
     """
 
     protocol = ("faulty-memory",)
@@ -95,6 +105,13 @@ class FaultyMemoryFileSystem(MemoryFileSystem):  # type: ignore[misc]
     failing_puts = 0
     lost_puts = 0
     failing_gets = 0
+    get_failure_rate = 0.0
+    corrupt_gets = 0
+    failing_deletes = 0
+    failing_lists = 0
+    failing_infos = 0
+    fault: type[Exception] = ConnectionError
+    rng = random.Random(0)
     puts = 0
     gets = 0
 
@@ -106,20 +123,30 @@ class FaultyMemoryFileSystem(MemoryFileSystem):  # type: ignore[misc]
 
     @classmethod
     def reset(cls) -> None:
-        cls.put_delay = cls.get_delay = 0.0
-        cls.failing_puts = cls.lost_puts = cls.failing_gets = cls.puts = cls.gets = 0
+        cls.put_delay = cls.get_delay = cls.get_failure_rate = 0.0
+        cls.failing_puts = cls.lost_puts = cls.failing_gets = cls.corrupt_gets = 0
+        cls.failing_deletes = cls.failing_lists = cls.failing_infos = 0
+        cls.fault = ConnectionError
+        cls.puts = cls.gets = 0
+        cls.rng = random.Random(0)
+
+    @classmethod
+    def _inject(cls, budget: str, message: str) -> None:
+        """Raise ``fault`` if the failures left in the setting ``budget`` are not spent."""
+        left = getattr(cls, budget)
+        if left > 0:
+            setattr(cls, budget, left - 1)
+            raise cls.fault(message)
 
     def pipe_file(self, path: str, value: bytes, mode: str = "overwrite", **kwargs: Any) -> None:
         type(self).puts += 1
         if self.put_delay:
             time.sleep(self.put_delay)
-        if type(self).failing_puts > 0:
-            type(self).failing_puts -= 1
-            raise ConnectionError(f"injected PUT failure for {path}")
+        self._inject("failing_puts", f"injected PUT failure for {path}")
         super().pipe_file(path, value, mode=mode, **kwargs)
         if type(self).lost_puts > 0:
             type(self).lost_puts -= 1
-            raise ConnectionError(f"injected lost response of the PUT of {path}")
+            raise self.fault(f"injected lost response of the PUT of {path}")
 
     def cat_file(
         self, path: str, start: int | None = None, end: int | None = None, **kw: Any
@@ -127,10 +154,29 @@ class FaultyMemoryFileSystem(MemoryFileSystem):  # type: ignore[misc]
         type(self).gets += 1
         if self.get_delay:
             time.sleep(self.get_delay)
-        if type(self).failing_gets > 0:
-            type(self).failing_gets -= 1
-            raise ConnectionError(f"injected GET failure for {path}")
-        return super().cat_file(path, start=start, end=end, **kw)
+        cls = type(self)
+        if cls.failing_gets > 0 or cls.rng.random() < cls.get_failure_rate:
+            cls.failing_gets = max(0, cls.failing_gets - 1)
+            raise cls.fault(f"injected GET failure for {path}")
+        data = super().cat_file(path, start=start, end=end, **kw)
+        if cls.corrupt_gets > 0 and data:
+            cls.corrupt_gets -= 1
+            damaged = bytearray(data)
+            damaged[len(damaged) // 2] ^= 0x01
+            return bytes(damaged)
+        return data
+
+    def rm_file(self, path: str) -> None:
+        self._inject("failing_deletes", f"injected DELETE failure for {path}")
+        super().rm_file(path)
+
+    def find(self, path: str, *args: Any, **kwargs: Any) -> Any:
+        self._inject("failing_lists", f"injected LIST failure for {path}")
+        return super().find(path, *args, **kwargs)
+
+    def info(self, path: str, **kwargs: Any) -> Any:
+        self._inject("failing_infos", f"injected HEAD failure for {path}")
+        return super().info(path, **kwargs)
 
 
 fsspec.register_implementation("faulty-memory", FaultyMemoryFileSystem, clobber=True)

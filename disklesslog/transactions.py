@@ -31,8 +31,14 @@ from typing import TYPE_CHECKING, Any
 
 from .api import validate_stream_name
 from .config import StreamConfig, require_keys
-from .errors import ConfigError, LogClosedError, RecordTooLarge, TransactionError
-from .format import EncodedBatch, encode_batch
+from .errors import (
+    ConfigError,
+    InvalidRecordError,
+    LogClosedError,
+    RecordTooLarge,
+    TransactionError,
+)
+from .format import EncodedBatch, as_column, encode_batch
 from .sequencers.base import BatchToCommit, TransactionResult
 
 if TYPE_CHECKING:
@@ -96,6 +102,8 @@ def check_parts(log_url: str, parts: Iterable[StagedPart]) -> list[StagedObject]
     of this log and no object appears twice (that would count its records twice)."""
     if isinstance(parts, StagedPart):
         raise ConfigError("pass a list of StagedPart, not a single one")
+    if isinstance(parts, str | bytes) or not isinstance(parts, Iterable):
+        raise ConfigError(f"pass a list of StagedPart, not {type(parts).__name__}")
     objects: list[StagedObject] = []
     seen: set[str] = set()
     for part in parts:
@@ -114,6 +122,37 @@ def check_parts(log_url: str, parts: Iterable[StagedPart]) -> list[StagedObject]
             seen.add(obj.key)
             objects.append(obj)
     return objects
+
+
+def _columns(
+    values: Iterable[bytes | None],
+    keys: Iterable[bytes | None] | None,
+    headers: Iterable[Any] | None,
+    timestamps: int | Iterable[int] | None,
+) -> tuple[
+    Sequence[bytes | None],
+    Sequence[bytes | None] | None,
+    Sequence[Any] | None,
+    int | Sequence[int] | None,
+]:
+    """A stager's columns as sequences of one length (it slices them into batches, so
+    a column that is not a sequence, or one of another length, is refused here rather
+    than cut short or taken apart)."""
+    value_column = as_column(values, "values")
+    columns: dict[str, Sequence[Any] | None] = {
+        "keys": None if keys is None else as_column(keys, "keys"),
+        "headers": None if headers is None else as_column(headers, "headers"),
+    }
+    if timestamps is None or isinstance(timestamps, int):
+        stamps: int | Sequence[int] | None = timestamps
+    else:
+        stamps = columns["timestamps"] = as_column(timestamps, "timestamps")
+    for name, column in columns.items():
+        if column is not None and len(column) != len(value_column):
+            raise InvalidRecordError(
+                f"{name} has {len(column)} entries for {len(value_column)} records"
+            )
+    return value_column, columns["keys"], columns["headers"], stamps
 
 
 class Stager(ABC):
@@ -164,6 +203,7 @@ class Stager(ABC):
         if self._finished:
             raise LogClosedError("this stager has finished; start a new one")
         validate_stream_name(stream)
+        values, keys, headers, timestamps = _columns(values, keys, headers, timestamps)
         if not values:
             return
         config = self._configs.get(stream)
@@ -171,9 +211,10 @@ class Stager(ABC):
             config = self._configs[stream] = self._config_for(stream)
         require_keys(config, stream, keys)
         limit = max(1, min(TARGET_BATCH_BYTES, config.max_batch_bytes // 2))
-        payload = sum(len(v) for v in values if v is not None)
+        # An estimate to cut the records into batches; encoding checks every field.
+        payload = sum(len(v) for v in values if isinstance(v, bytes | bytearray))
         if keys is not None:
-            payload += sum(len(k) for k in keys if k is not None)
+            payload += sum(len(k) for k in keys if isinstance(k, bytes | bytearray))
         pieces = max(1, math.ceil(payload / limit))
         step = math.ceil(len(values) / pieces)
         for start in range(0, len(values), step):

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import importlib
 import os
+import re
 from collections.abc import Callable
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
 from .api import AbstractLog
-from .errors import InvalidURL
+from .errors import ConfigError, InvalidURL
 
 __all__ = ["backends", "open_log", "register_backend", "split_url"]
 
@@ -51,10 +52,31 @@ def backends() -> dict[str, str]:
     return dict(_SCHEMES)
 
 
+_SCHEME_ONLY = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*):(?!//)")
+"""A URL scheme and its colon with no ``//`` after it: ``file:/abs/path`` (a valid file
+URL) or a URL with its slashes missing (``s3:bucket``); never taken for a relative path."""
+
+
 def split_url(url: str) -> tuple[str, str]:
-    """``(scheme, location)``: bare paths and ``file://`` URLs give ``("file", path)``."""
+    """``(scheme, location)``: bare paths and file URLs give ``("file", path)``.
+
+    ``file:///abs``, ``file://localhost/abs`` and ``file:/abs`` (RFC 8089's short form,
+    which fsspec accepts too) name the absolute path ``/abs``. A string that starts like
+    a URL without its ``//`` (``s3:bucket/x``, ``file:relative``) is an
+    :class:`InvalidURL`, not a relative directory named ``s3:`` or ``file:`` under the
+    working directory; write ``./name:with-colon`` for such a directory.
+    """
+    if "\x00" in url:
+        raise InvalidURL(f"a log URL or path cannot contain a NUL character: {url!r}")
     if "://" not in url:
-        return "file", url
+        bare = _SCHEME_ONLY.match(url)
+        if bare is None:
+            return "file", url
+        if bare.group(1).lower() != "file" or not url[bare.end() :].startswith("/"):
+            raise InvalidURL(
+                f"{url!r} looks like a URL without '//' after {bare.group(1)}:; write "
+                f"{bare.group(1)}://... for a URL, or ./{url} for a local directory"
+            )
     parts = urlsplit(url)
     scheme = parts.scheme.lower()
     if scheme == "file":
@@ -66,7 +88,10 @@ def split_url(url: str) -> tuple[str, str]:
             raise InvalidURL(f"file URL {url!r} has a query or fragment; remove it")
         if not parts.path:
             raise InvalidURL(f"file URL {url!r} has no path")
-        return "file", unquote(parts.path)
+        path = unquote(parts.path)
+        if "\x00" in path:
+            raise InvalidURL(f"file URL {url!r} names a path with a NUL character")
+        return "file", path
     return scheme, url
 
 
@@ -79,6 +104,10 @@ def open_log(
     if not isinstance(url, str) or not url.strip():
         raise InvalidURL(f"a log URL must be a non-empty str or path, not {url!r}")
     scheme, location = split_url(url)
+    if backend is not None and not isinstance(backend, str):
+        raise InvalidURL(f"backend must be a backend's name (a str), not {backend!r}")
+    if type(options.get("create", True)) is not bool:
+        raise ConfigError(f"create must be True or False, not {options['create']!r}")
     name = backend if backend is not None else _SCHEMES.get(scheme)
     if name is None:
         name = next((n for accepts, n in _FALLBACKS if accepts(scheme)), None)

@@ -28,7 +28,14 @@ from typing import Any
 from .api import validate_stream_name
 from .config import StreamConfig, require_keys
 from .errors import ConfigError, DisklessLogError, LogClosedError
-from .format import HEADER_SIZE, EncodedBatch, PreparedBatch, check_record, prepare_batch
+from .format import (
+    HEADER_SIZE,
+    EncodedBatch,
+    PreparedBatch,
+    as_column,
+    check_record,
+    prepare_batch,
+)
 
 __all__ = ["Writer"]
 
@@ -109,6 +116,14 @@ _new_future = _BatchFuture if set(vars(Future())) == _FUTURE_FIELDS else _plain_
 _RECORD_OVERHEAD = 32  # msgpack framing per record, bounded generously
 _BATCH_MARGIN = HEADER_SIZE + 64
 _MAX_KEPT_ERRORS = 100  # errors remembered for flush()/close() between two calls
+
+
+def _owned(items: Iterable[Any], field: str) -> Sequence[Any]:
+    """A column the writer keeps until its flush encodes it: never the caller's list
+    itself, so a caller reusing or changing its list after ``append_batch`` returns
+    cannot change what is written (a tuple cannot change; a generator is copied anyway)."""
+    column = as_column(items, field)
+    return list(column) if column is items and isinstance(column, list) else column
 
 
 @dataclass
@@ -198,10 +213,7 @@ class Writer(ABC):
         name: str,
         max_held_bytes: int | None = None,
     ) -> None:
-        if not isinstance(linger_ms, int | float) or not 0 <= linger_ms <= 3_600_000:
-            raise ConfigError(f"linger_ms must be a number in 0..3600000, not {linger_ms!r}")
-        if type(max_buffer_bytes) is not int or not 1024 <= max_buffer_bytes <= 1 << 40:
-            raise ConfigError(f"max_buffer_bytes must be an int >= 1024, not {max_buffer_bytes!r}")
+        self.check_options(linger_ms, max_buffer_bytes)
         self._linger = linger_ms / 1000.0
         self._max_buffer_bytes = max_buffer_bytes
         self._max_held_bytes = max_held_bytes or 2 * max_buffer_bytes
@@ -227,6 +239,19 @@ class Writer(ABC):
         appends then raise it at once instead of waiting for a flush to fail."""
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
+
+    @staticmethod
+    def check_options(linger_ms: object, max_buffer_bytes: object) -> None:
+        """Raise :class:`ConfigError` for options no writer takes: for a backend that
+        must check them before it registers anything (an idempotent producer)."""
+        if (
+            isinstance(linger_ms, bool)
+            or not isinstance(linger_ms, int | float)
+            or not 0 <= linger_ms <= 3_600_000
+        ):
+            raise ConfigError(f"linger_ms must be a number in 0..3600000, not {linger_ms!r}")
+        if type(max_buffer_bytes) is not int or not 1024 <= max_buffer_bytes <= 1 << 40:
+            raise ConfigError(f"max_buffer_bytes must be an int >= 1024, not {max_buffer_bytes!r}")
 
     # ------------------------------------------------------------ backend hooks
 
@@ -306,13 +331,15 @@ class Writer(ABC):
         """Buffer records (as columns, like ``Stream.append_batch``) that are written as
         one batch, all or none; the future resolves to their offsets."""
         config = self._stream_config(stream)
-        key_list = None if keys is None else list(keys)
+        key_list = None if keys is None else _owned(keys, "keys")
         require_keys(config, stream, key_list)
         prepared = prepare_batch(
-            list(values),
+            _owned(values, "values"),
             key_list,
-            None if headers is None else list(headers),
-            timestamps if timestamps is None or isinstance(timestamps, int) else list(timestamps),
+            None if headers is None else as_column(headers, "headers"),
+            timestamps
+            if timestamps is None or isinstance(timestamps, int)
+            else as_column(timestamps, "timestamps"),
             max_record_bytes=config.max_record_bytes,
             max_batch_bytes=config.max_batch_bytes,
         )

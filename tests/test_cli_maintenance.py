@@ -195,3 +195,52 @@ def test_sizes_take_binary_suffixes(text: str, size: int) -> None:
     from disklesslog.maintenance.cli import _size
 
     assert _size(text) == size
+
+
+def _lose_acknowledged_tail(path: Path) -> None:
+    """16 records appended with fsync="always" (acknowledged, synced); then storage
+    loses the last quarter of the active segment's bytes."""
+    with disklesslog.open(path, fsync="always") as log:
+        stream = log.create_stream("s")
+        for i in range(16):
+            stream.append(b"record-%d" % i, timestamp=1000 + i)
+    active = sorted((path / "streams" / "s").glob("*.log"))[-1]
+    data = active.read_bytes()
+    active.write_bytes(data[: len(data) * 3 // 4])
+
+
+def test_repair_accepts_a_loss_only_when_told(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "log"
+    _lose_acknowledged_tail(path)
+    assert main(["repair", str(path), "s"]) == 1  # the loss is named, nothing changes
+    err = capsys.readouterr().err
+    assert "offsets 12 to 15" in err or "12 to 15" in err, err
+    assert main(["repair", str(path), "s", "--accept-data-loss", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["operation"] == "repair"
+    assert any("12 to 15" in line for line in report["actions"]), report
+    with disklesslog.open(path, create=False) as log:
+        stream = log.stream("s")
+        assert stream.append(b"after") == 16  # the lost offsets are never handed out
+        assert [r.offset for r in stream.read()] == [*range(12), 16]
+    assert main(["repair", str(path), "s"]) == 0
+    assert "nothing to repair" in capsys.readouterr().out
+
+
+def test_repair_refuses_bad_arguments_and_does_not_apply_to_object_logs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = _log(tmp_path / "log")
+    assert main(["repair", str(path), "s", "--start-offset", "-1"]) == 2
+    assert main(["repair", str(path), "no such/stream"]) == 1
+    capsys.readouterr()
+    url = f"file://{tmp_path / 'objects'}"
+    with disklesslog.open(url, backend="objects") as log:
+        log.stream("a").append(b"x")
+        assert log.repair("a").skipped == ["not applicable to ObjectLog logs"]
+        with pytest.raises(disklesslog.ConfigError):
+            log.repair("a", accept_data_loss="yes")  # type: ignore[arg-type]
+    assert main(["repair", url, "a", "--backend", "objects"]) == 0
+    assert "not applicable" in capsys.readouterr().out

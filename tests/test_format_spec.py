@@ -83,7 +83,7 @@ PREFIX = Table(BATCH.names[:3], "<" + BATCH.fmt[1:4])  # length, magic, crc
 TAIL = Table(BATCH.names[3:], "<" + BATCH.fmt[4:])  # covered by the CRC
 HEADER_SIZE = BATCH.size
 ENTRY = tables("### 2.3 Segment entries")[0]
-OFFSET_INDEX, TIME_INDEX = tables("### 2.4 Index files")
+INDEX_HEADER, OFFSET_INDEX, TIME_INDEX = tables("### 2.4 Index files")
 STATE = tables("### 2.5 The stream state record: `stream.state`")[0]
 CHECKPOINT = tables("### 2.7 Key compaction: checkpoint, staging, intent and the swap")[0]
 
@@ -286,9 +286,29 @@ def spec_indexes(
     return index, timeindex
 
 
-def read_index(path: Path, table: Table) -> list[tuple[int, ...]]:
-    data = path.read_bytes() if path.exists() else b""
-    return list(struct.iter_unpack(table.fmt, data[: len(data) - len(data) % table.size]))
+def read_index(path: Path, table: Table, *, closed: bool = True) -> list[tuple[int, ...]]:
+    """The entries of an index file per section 2.4, checking its header (a missing
+    file holds none)."""
+    if not path.exists():
+        return []
+    data = path.read_bytes()
+    header = dict(zip(INDEX_HEADER.names, struct.unpack_from(INDEX_HEADER.fmt, data)))
+    assert header["magic"] == (b"DLXO" if table is OFFSET_INDEX else b"DLXT")
+    assert header["header_crc"] == crc32c.crc32c(data[:12])
+    end = INDEX_HEADER.size + header["count"] * table.size
+    assert len(data) == end if closed else len(data) in (end, end + table.size)
+    entries = data[INDEX_HEADER.size : end]
+    assert header["entries_crc"] == crc32c.crc32c(entries)
+    return list(struct.iter_unpack(table.fmt, entries))
+
+
+def spec_json(raw: bytes) -> Any:
+    """A checksummed JSON file per section 2.10 (the trailer required)."""
+    trailer = re.fullmatch(rb"(.*\n)#crc32c:([0-9a-f]{8})\n", raw, re.DOTALL)
+    assert trailer is not None, "no trailer line"
+    body, crc = trailer.groups()
+    assert int(crc, 16) == crc32c.crc32c(body)
+    return json.loads(body)
 
 
 # ========================================================================== the tests
@@ -564,8 +584,8 @@ def test_spec_reader_agrees_on_the_batch_limit() -> None:
 
 
 def _config(stream_dir: Path) -> dict[str, Any]:
-    content = json.loads((stream_dir / "stream.json").read_text())
-    assert content["version"] == 1
+    content = spec_json((stream_dir / "stream.json").read_bytes())
+    assert content["version"] == 2
     config = content["config"]
     assert set(config) == {
         "compression",
@@ -591,9 +611,10 @@ def _segments(stream_dir: Path) -> list[int]:
     """Segment bases from the file names (section 2.1), checking every name."""
     bases = []
     for path in stream_dir.iterdir():
-        if path.name in ("stream.json", "stream.state", "cleaner.lock", "cleaner.checkpoint"):
+        names = ("stream.json", "stream.state", "stream.state.copy", "cleaner.lock")
+        if path.name in (*names, "cleaner.checkpoint"):
             continue
-        match = re.fullmatch(r"(\d{20})\.(log|index|timeindex)", path.name)
+        match = re.fullmatch(r"(\d{20})\.(log|index|timeindex|lost)", path.name)
         assert match, f"unexpected file {path.name}"
         if match.group(2) == "log":
             bases.append(int(match.group(1)))
@@ -605,13 +626,23 @@ def _walk_stream(stream_dir: Path) -> tuple[list[int], list[list[SpecEntry]], di
     config = _config(stream_dir)
     bases = _segments(stream_dir)
     state = spec_state((stream_dir / "stream.state").read_bytes())
+    copy = spec_state((stream_dir / "stream.state.copy").read_bytes())
+    assert (copy["start_offset"], copy["active_segment"]) == (
+        state["start_offset"],
+        state["active_segment"],
+    )
     assert state["active_segment"] == bases[-1]
     walked = []
     for base, next_base in zip(bases, [*bases[1:], None]):
         entries = spec_walk(stream_dir / f"{base:020d}.log", base, config["max_batch_bytes"])
         if next_base is not None:  # a closed segment ends where the next one starts
             compacted = "compact" in config["cleanup_policy"]
-            assert entries or compacted, "closed segments are empty only when compacted"
+            lost = stream_dir / f"{base:020d}.lost"
+            if not entries and lost.exists():  # an accepted loss (2.11)
+                marker = spec_json(lost.read_bytes())
+                assert (marker["first"], marker["end"]) == (base, next_base)
+            else:
+                assert entries or compacted, "closed segments are empty only when compacted"
             if entries:
                 last = entries[-1]
                 assert last.base + last.header.last_offset_delta + 1 == next_base
@@ -650,9 +681,9 @@ def test_segment_files_decode_by_the_spec(tmp_path: Path) -> None:
     with disklesslog.open(root, **options) as log:
         expected = _append_mix(log.stream("s"), rng, 80, TS)
 
-    marker = (root / "disklesslog.json").read_text()
-    assert marker.endswith("\n")
-    assert json.loads(marker) == {"format": "disklesslog-segments", "version": 1}
+    raw_marker = (root / "disklesslog.json").read_bytes()
+    assert spec_json(raw_marker) == {"format": "disklesslog-segments", "version": 2}
+    assert f"`{raw_marker.decode().replace(chr(10), chr(92) + 'n')}`" in SPEC  # 2.10's example
     stream_dir = root / "streams" / "s"
     config = _config(stream_dir)
     assert {k: config[k] for k in options} == options
@@ -683,8 +714,9 @@ def test_segment_files_decode_by_the_spec(tmp_path: Path) -> None:
         index, timeindex = spec_indexes(
             entries, base, config["index_interval_bytes"], sealed=sealed
         )
-        assert read_index(stream_dir / f"{base:020d}.index", OFFSET_INDEX) == index
-        assert read_index(stream_dir / f"{base:020d}.timeindex", TIME_INDEX) == timeindex
+        index_file, time_file = (stream_dir / f"{base:020d}.{x}" for x in ("index", "timeindex"))
+        assert read_index(index_file, OFFSET_INDEX, closed=sealed) == index
+        assert read_index(time_file, TIME_INDEX, closed=sealed) == timeindex
         if sealed:  # the last time-index entry is the segment's max timestamp
             assert timeindex[-1][0] == max(e.header.max_timestamp for e in entries)
 
@@ -692,7 +724,7 @@ def test_segment_files_decode_by_the_spec(tmp_path: Path) -> None:
     active_size = (stream_dir / f"{bases[-1]:020d}.log").stat().st_size
     last = walked[-1][-1]
     assert state["start_offset"] == 0
-    assert state["flags"] == 0
+    assert state["flags"] == 0  # fsync "interval": the recovery point was synced (bit 2 clear)
     assert state["recovery_position"] == active_size
     assert state["recovery_offset"] == last.base + last.header.last_offset_delta + 1
     assert state["recovery_offset"] == expected[-1][0] + 1
@@ -722,7 +754,7 @@ def test_compacted_segments_decode_by_the_spec(tmp_path: Path) -> None:
         expected = [tuple(r) for r in stream.read()]
     stream_dir = root / "streams" / "s"
     bases, walked, state = _walk_stream(stream_dir)
-    assert state["flags"] == 0
+    assert state["flags"] == 4  # fsync "never" wrote the recovery point (2.5, bit 2)
     assert [r for entries in walked for e in entries for r in e.records] == expected
     raw = (stream_dir / "cleaner.checkpoint").read_bytes()
     checkpoint = dict(zip(CHECKPOINT.names, struct.unpack(CHECKPOINT.fmt, raw)))
@@ -747,6 +779,7 @@ def test_new_stream_state_is_all_zero(tmp_path: Path) -> None:
     assert raw == b"DLST" + struct.pack("<I", 0x595FB7DD) + bytes(40)
     assert "44 4c 53 54 dd b7 5f 59 00 00 ... 00" in SPEC
     assert spec_state(raw)["generation"] == 0
+    assert (stream_dir / "stream.state.copy").read_bytes() == raw  # 2.5: its copy
     assert (stream_dir / "00000000000000000000.log").read_bytes() == b""
     assert _segments(stream_dir) == [0]
 
@@ -764,6 +797,8 @@ def test_state_after_trim_and_roll(tmp_path: Path) -> None:
         state = spec_state((stream_dir / "stream.state").read_bytes())
         assert state["start_offset"] == cut
         assert state["generation"] != generation
+        copy = spec_state((stream_dir / "stream.state.copy").read_bytes())
+        assert copy["start_offset"] == cut  # 2.5: a trim writes the copy too
         bases_after = _segments(stream_dir)
         # Every segment wholly below the start offset is gone; the one holding it stays.
         assert bases_after == bases_before[2:]
@@ -823,6 +858,37 @@ def test_damage_before_the_recovery_point_is_reported_not_truncated(tmp_path: Pa
     assert active.stat().st_size == size  # nothing was cut
 
 
+def test_an_accepted_loss_decodes_by_the_spec(tmp_path: Path) -> None:
+    """Section 2.11: storage lost the tail of the active segment after records were
+    acknowledged; once the loss is accepted, the stream walks by 2.3 with the lost
+    offsets an empty segment named by its marker, and the state (2.5) names the new
+    active segment at the old recovery offset."""
+    rng = random.Random(23)
+    root = tmp_path / "log"
+    with disklesslog.open(root, fsync="always") as log:
+        expected = _append_mix(log.stream("s"), rng, 10, TS)
+    stream_dir = root / "streams" / "s"
+    bases, walked, state = _walk_stream(stream_dir)
+    assert state["flags"] & 4 == 0  # synced: a loss is damage, not the policy's
+    recovery_offset = state["recovery_offset"]
+    keep = walked[-1][len(walked[-1]) // 2]
+    with open(stream_dir / f"{bases[-1]:020d}.log", "r+b") as f:
+        f.truncate(keep.position + 3)  # storage lost the rest, and part of this entry
+    with disklesslog.open(root, fsync="always") as log:
+        with pytest.raises(disklesslog.DataLossError):
+            log.stream("s").append(b"x")
+        log.repair("s", accept_data_loss=True)
+        assert log.stream("s").append(b"after", timestamp=TS) == recovery_offset
+    bases, walked, state = _walk_stream(stream_dir)
+    assert bases[-2:] == [keep.base, recovery_offset]
+    assert walked[-2] == []  # the gap: an empty segment covering the lost offsets
+    assert state["active_segment"] == recovery_offset
+    records = [r for entries in walked for e in entries for r in e.records]
+    assert records == [r for r in expected if r[0] < keep.base] + [
+        (recovery_offset, TS, None, b"after", ())
+    ]
+
+
 @pytest.mark.parametrize(
     "edit",
     ["trailing-byte", "second-frame", "no-content-size", "wrong-content-size", "not-zstd"],
@@ -848,3 +914,203 @@ def test_spec_reader_agrees_on_zstd_edge_cases(edit: str) -> None:
     good = _reseal(bytearray(head), compressor.compress(body))
     if edit != "no-content-size":
         assert specified(good, 0, 0) == reference(good, 0, 0) == [(0, TS, None, b"abc" * 100, ())]
+
+
+# ================================= section 3.1: the object-store sequencer's objects
+
+SEQUENCER = "### 3.1 The object-store sequencer: entries and checkpoints"
+SEQ_ENTRY, SEQ_CHECKPOINT = tables(SEQUENCER)
+
+
+def _spec_magic(kind: str) -> bytes:
+    """The magic of ``kind`` (e.g. "Entry, version 2"), as the spec's heading names it."""
+    return re.search(rf"\*\*{kind}\*\* \(`(\w+)`", section(SEQUENCER))[1].encode()  # type: ignore[index]
+
+
+def _spec_rows(first_column: str) -> list[str]:
+    """The first cells of the spec's table whose header starts with ``first_column``."""
+    text = section(SEQUENCER)
+    block = text[text.index(f"| {first_column} |") :].split("\n\n", 1)[0]
+    return [line.split("|")[1].strip() for line in block.splitlines()[2:]]
+
+
+SPEC_OPERATIONS = [name.strip("`") for name in _spec_rows("operation")]
+SPEC_STATE_KEYS = [
+    key.strip("` ") for row in _spec_rows("key") for key in row.split(",")
+]  # "`a`, `b`" rows list several keys
+
+
+def spec_digest(previous: bytes, stored: bytes) -> bytes:
+    """The chain digest after a version 2 entry, as section 3.1 defines it."""
+    import hashlib
+
+    return hashlib.blake2b(previous + stored, digest_size=16).digest()
+
+
+def spec_entry(data: bytes, number: int) -> tuple[list[Any], bytes | None]:
+    """Steps 1-5 of "Reading an entry": ``([entry_id, timestamp, operations],
+    previous)`` (previous is None for version 1). Types of operations' arguments are the
+    code's business (tested elsewhere); this checks the bytes and the outer shape."""
+    if data.startswith(_spec_magic("Entry, version 2")):
+        if len(data) < SEQ_ENTRY.size:
+            raise SpecCorrupt("short")
+        fields = dict(zip(SEQ_ENTRY.names, struct.unpack_from(SEQ_ENTRY.fmt, data)))
+        if len(data) != SEQ_ENTRY.size + fields["length"]:
+            raise SpecCorrupt("length")
+        if crc32c.crc32c(data[10:]) != fields["crc"]:
+            raise SpecCorrupt("crc")
+        if fields["number"] != number:
+            raise SpecCorrupt("number")
+        body, previous = data[SEQ_ENTRY.size :], fields["previous"]
+    elif data.startswith(_spec_magic("Entry, version 1")):
+        body, previous = data[6:], None
+    else:
+        raise SpecCorrupt("magic")
+    try:
+        content = msgpack.unpackb(body, raw=False, strict_map_key=False)
+    except Exception as exc:
+        raise SpecCorrupt(f"body: {exc!r}") from None
+    if type(content) is not list or len(content) != 3:
+        raise SpecCorrupt("shape")
+    entry_id, stamp, operations = content
+    if type(entry_id) is not bytes or len(entry_id) != 16 or type(stamp) is not float:
+        raise SpecCorrupt("id or timestamp")
+    if type(operations) is not list or not all(
+        type(op) is list and op and op[0] in SPEC_OPERATIONS for op in operations
+    ):
+        raise SpecCorrupt("operations")
+    return content, previous
+
+
+def spec_checkpoint(data: bytes, entry: int) -> dict[str, Any]:
+    """ "Reading a checkpoint", both versions: its map (version 1's gets the chain of
+    16 zero bytes the spec gives it)."""
+    if data.startswith(_spec_magic("Checkpoint, version 2")):
+        if len(data) < SEQ_CHECKPOINT.size:
+            raise SpecCorrupt("short")
+        fields = dict(zip(SEQ_CHECKPOINT.names, struct.unpack_from(SEQ_CHECKPOINT.fmt, data)))
+        if len(data) != SEQ_CHECKPOINT.size + fields["length"]:
+            raise SpecCorrupt("length")
+        if crc32c.crc32c(data[10:]) != fields["crc"] or fields["entry"] != entry:
+            raise SpecCorrupt("crc or entry")
+        frame = data[SEQ_CHECKPOINT.size :]
+    elif data.startswith(_spec_magic("Checkpoint, version 1")):
+        frame = data[6:]
+    else:
+        raise SpecCorrupt("magic")
+    try:
+        content = msgpack.unpackb(
+            zstandard.ZstdDecompressor().decompress(frame, allow_extra_data=False), raw=False
+        )
+    except Exception as exc:
+        raise SpecCorrupt(f"frame: {exc!r}") from None
+    if type(content) is not dict or set(SPEC_STATE_KEYS) - {"transactions"} - set(
+        content.get("state", {})
+    ):
+        raise SpecCorrupt("map")
+    content.setdefault("chain", bytes(16))
+    return content
+
+
+def _sequencer_log(root: Path) -> Any:
+    """A sequencer log holding every operation and several checkpoints."""
+    import fsspec
+
+    from disklesslog.sequencers import BatchLocation, BatchToCommit
+    from disklesslog.sequencers.objectstore import ObjectStoreSequencer
+
+    seq = ObjectStoreSequencer(fsspec.filesystem("file"), str(root), checkpoint_every=4)
+    seq.create_stream("a", {"retention_ms": 10})
+    producer = seq.init_producer("p")
+    seq.init_producer()
+    for i in range(6):
+        seq.commit(f"o{i}", [BatchToCommit("a", 0, 9, 2, 2, TS + i, *producer, 2 * i)])
+    seq.commit_transaction("t", [("o-t", [BatchToCommit("a", 0, 9, 1, 1, TS)])])
+    first = seq.find_batches("a", 0, 1 << 20).batches[0]
+    seq.replace_batches("a", [first.batch_id], [BatchLocation(0, "m", 0, 9, 0, 1, TS)])
+    seq.trim("a", 2)
+    seq.alter_stream("a", {"retention_ms": 20})
+    seq.commit_offsets("g", {"a": 3})
+    seq.record_orphan("x")
+    seq.forget_objects(["x"])
+    seq.create_stream("b", {})
+    seq.delete_stream("b")
+    return seq
+
+
+def test_sequencer_tables_in_the_spec_match_the_code() -> None:
+    from disklesslog.sequencers import objectstore_format as seqfmt
+
+    assert SEQ_ENTRY.fmt == "<6sIIQ16s" and SEQ_ENTRY.size == seqfmt.ENTRY_HEADER == 38
+    assert SEQ_ENTRY.names == ("magic", "crc", "length", "number", "previous")
+    assert SEQ_CHECKPOINT.fmt == "<6sIQQ" and SEQ_CHECKPOINT.size == seqfmt.CHECKPOINT_HEADER
+    assert SEQ_CHECKPOINT.names == ("magic", "crc", "length", "entry")
+    assert _spec_magic("Entry, version 2") == seqfmt.ENTRY_MAGIC
+    assert _spec_magic("Entry, version 1") == seqfmt.ENTRY_MAGIC_V1
+    assert _spec_magic("Checkpoint, version 2") == seqfmt.CHECKPOINT_MAGIC
+    assert _spec_magic("Checkpoint, version 1") == seqfmt.CHECKPOINT_MAGIC_V1
+    assert sorted(SPEC_OPERATIONS) == sorted(seqfmt.OPERATIONS)
+
+
+def test_sequencer_objects_decode_by_the_spec(tmp_path: Path) -> None:
+    """Every entry the library wrote reads by the spec, names the chain digest the spec
+    computes, and decodes to what the code decodes; every checkpoint holds the spec's
+    digest as of its entry and the state the code holds at its tail."""
+    from disklesslog.sequencers import objectstore_format as seqfmt
+
+    root = tmp_path / "sequencer"
+    seq = _sequencer_log(root)
+    digests = {0: bytes(16)}
+    for path in sorted((root / "log").iterdir()):
+        number, data = int(path.name), path.read_bytes()
+        (entry_id, stamp, operations), previous = spec_entry(data, number)
+        assert previous == digests[number - 1]
+        digests[number] = spec_digest(previous, data)
+        code = seqfmt.decode_entry(data, number, str(path))
+        assert (code.entry_id, code.timestamp, code.previous) == (entry_id, stamp, previous)
+        assert [op[0] for op in code.ops] == [op[0] for op in operations]
+    checkpoints = sorted((root / "checkpoints").iterdir())
+    assert len(checkpoints) >= 3
+    for path in checkpoints:
+        entry = int(path.name[:20])
+        content = spec_checkpoint(path.read_bytes(), entry)
+        assert content["chain"] == digests[entry]
+        assert content == dict(
+            zip(["state", "recent", "chain"], _code_checkpoint(path, entry), strict=True)
+        )
+    assert seq.tail == len(digests) - 1
+    assert set(seq.snapshot()) == set(SPEC_STATE_KEYS)
+
+
+def _code_checkpoint(path: Path, entry: int) -> tuple[Any, ...]:
+    from disklesslog.sequencers import objectstore_format as seqfmt
+
+    decoded = seqfmt.decode_checkpoint(path.read_bytes(), entry, str(path))
+    return decoded.state, decoded.recent, decoded.chain
+
+
+def test_spec_reader_agrees_on_damaged_sequencer_objects(tmp_path: Path) -> None:
+    """Damage the CRC covers: both readers refuse every damaged copy."""
+    from disklesslog.errors import CorruptDataError
+    from disklesslog.sequencers import objectstore_format as seqfmt
+
+    root = tmp_path / "sequencer"
+    _sequencer_log(root)
+    rng = random.Random(31)
+    objects = [(p, int(p.name), True) for p in sorted((root / "log").iterdir())]
+    objects += [(p, int(p.name[:20]), False) for p in sorted((root / "checkpoints").iterdir())]
+    for path, number, is_entry in objects:
+        data = path.read_bytes()
+        for _ in range(20):
+            damaged = bytearray(data)
+            if rng.random() < 0.5:
+                at = rng.randrange(len(data) * 8)
+                damaged[at // 8] ^= 1 << (at % 8)
+            else:
+                damaged = damaged[: rng.randrange(len(data))]
+            spec = spec_entry if is_entry else spec_checkpoint
+            code = seqfmt.decode_entry if is_entry else seqfmt.decode_checkpoint
+            with pytest.raises(SpecCorrupt):
+                spec(bytes(damaged), number)  # type: ignore[operator]
+            with pytest.raises(CorruptDataError):
+                code(bytes(damaged), number, str(path))  # type: ignore[operator]

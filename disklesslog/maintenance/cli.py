@@ -1,6 +1,7 @@
 """The maintenance subcommands of ``disklesslog``: retention, compact, merge, tier, gc,
-maintain. Each opens the log (never creating one), runs the operation with a tqdm
-progress bar on a terminal, and prints the report's summary (or JSON)."""
+maintain, and alter and repair of one stream. Each opens the log (never creating one),
+runs the operation (with a tqdm progress bar on a terminal where it reports progress),
+and prints the report's summary (or JSON)."""
 
 from __future__ import annotations
 
@@ -94,6 +95,31 @@ def add_commands(commands: Any, log_options: argparse.ArgumentParser, open_log: 
         help="e.g. retention_ms=86400000 min_cleanable_dirty_ratio=0.3",
     )
     alter.set_defaults(handler=lambda args: _alter(args, open_log), command_name="alter")
+    repair = commands.add_parser(
+        "repair",
+        parents=[log_options],
+        help="take a stream of a local log past damage, with your decision",
+        description="Run a local stream's recovery now and, with --accept-data-loss, "
+        "accept that storage lost acknowledged records (their offsets become a gap that "
+        "is never handed out again), or with --start-offset restart a stream whose state "
+        "record and its copy are both unreadable. Prints what was repaired "
+        "(docs/operations.md, 'Damage and repair').",
+    )
+    repair.add_argument("url", metavar="URL")
+    repair.add_argument("stream", metavar="STREAM")
+    repair.add_argument(
+        "--accept-data-loss",
+        action="store_true",
+        help="accept the loss a DataLossError named; its offsets are skipped, never reused",
+    )
+    repair.add_argument(
+        "--start-offset",
+        metavar="N",
+        type=_offset,
+        help="the stream's start offset, when its state record and copy are unreadable",
+    )
+    repair.add_argument("--json", action="store_true", help="print the report as JSON")
+    repair.set_defaults(handler=lambda args: _repair(args, open_log), command_name="repair")
 
 
 def _setting(text: str) -> tuple[str, Any]:
@@ -112,6 +138,28 @@ def _alter(args: argparse.Namespace, open_log: OpenLog) -> int:
     for key, value in config.to_dict().items():
         print(f"{key:<26} {value}")
     return 0
+
+
+def _repair(args: argparse.Namespace, open_log: OpenLog) -> int:
+    with open_log(args, create=False) as log:
+        report: MaintenanceReport = log.repair(
+            args.stream, accept_data_loss=args.accept_data_loss, start_offset=args.start_offset
+        )
+    if args.json:
+        print(json.dumps(report.to_dict(), indent=2))
+    else:
+        print("\n".join(report.summary()))
+    return 0
+
+
+def _offset(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an offset: {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, not {text}")
+    return value
 
 
 _SIZE = re.compile(r"\s*(-?\d+)\s*([kmg]ib)?\s*", re.IGNORECASE)

@@ -9,24 +9,30 @@ five because object-store readers may hold locations across slow ranged GETs.
 
 from __future__ import annotations
 
-import math
-
+from ..api import finite_number
 from ..errors import ConfigError
 
-__all__ = ["DEFAULT_GRACE_SECONDS", "resolve_grace"]
+__all__ = ["DEFAULT_GRACE_SECONDS", "MAX_GRACE_SECONDS", "resolve_grace"]
 
 DEFAULT_GRACE_SECONDS = 300.0
+MAX_GRACE_SECONDS = float(10**9)
+"""About 31 years. Collectors turn the grace into integer nanoseconds and subtract it
+from the clock: a bound keeps that within the 64-bit integers clocks, keys and
+sequencer columns hold (2**63 ns is about 292 years), so no grace, however large,
+overflows on the way; anything longer is "never" in practice (use ``dry_run`` instead)."""
 
 
 def resolve_grace(value: float | None) -> float:
     """``value``, or the default when it is ``None``; a :class:`ConfigError` unless it is
-    a finite number of seconds >= 0 (``True`` is not a number here)."""
+    a finite number of seconds in ``0..MAX_GRACE_SECONDS`` (``True`` is not a number
+    here)."""
     if value is None:
         return DEFAULT_GRACE_SECONDS
-    if type(value) not in (int, float) or not math.isfinite(value) or value < 0:
+    seconds = finite_number(value)
+    if seconds is None or not 0 <= seconds <= MAX_GRACE_SECONDS:
         raise ConfigError(
-            f"grace_seconds={value!r} is invalid: give a finite number of seconds >= 0 "
-            f"(default {DEFAULT_GRACE_SECONDS:g}; readers holding old locations need it "
-            "to finish)"
+            f"grace_seconds={value!r} is invalid: give a finite number of seconds in "
+            f"0..{MAX_GRACE_SECONDS:.0f} (default {DEFAULT_GRACE_SECONDS:g}; readers "
+            "holding old locations need it to finish)"
         )
-    return float(value)
+    return seconds

@@ -38,14 +38,46 @@ local files (atomically: temp file + ``os.replace``, so several processes can sh
 directory) and looked up there on memory misses, which survives restarts and spares
 GETs that cost money. Local files are not trustworthy the way an object store is: a
 crash can leave a renamed file whose data never reached the disk (the cache does not
-``fsync``), disks rot, and another process or a person may truncate files. Each file
-therefore starts with a 16-byte header (magic, CRC-32C of the block, block length);
-a file that fails it is deleted and the block refetched. Bytes from the disk tier are
-never returned unverified. File names are a hash of the object key plus the block size
-and index (never the key text: keys hold slashes and are not paths), and the directory
-is bounded by ``disk_max_bytes``, evicting the least recently written or hit files
-first. Several processes sharing a directory each rescan it at most every
-``DISK_RESCAN_SECONDS`` to account for the others' files.
+``fsync``), disks rot, and another process, a tool or a person may truncate, copy or
+restore files. Each file therefore starts with a 16-byte header (magic ``DLC2``,
+CRC-32C of the file's name followed by the block, block length); a file that fails it
+(flipped or zeroed bytes, cut short, bytes appended, empty, or another block's file
+under this name) is deleted with a warning and the block fetched again: damage to the
+disk tier is repaired, never reported, and bytes from it are never returned
+unverified. The name is in the CRC because a block's own CRC cannot tell *which* block
+it is, and a batch cannot either (see :func:`_disk_crc`). Files of an earlier version
+(``DLC1``) are dropped quietly when met. File names are a hash of the object key plus
+the block size and index (never the key text: keys hold slashes and are not paths),
+and the directory is bounded by ``disk_max_bytes``, evicting the least recently
+written or hit files first. Several processes sharing a directory each rescan it at
+most every ``DISK_RESCAN_SECONDS`` to account for the others' files.
+
+Why bytes are checked by readers, and reported back. The disk CRC proves a file holds
+the bytes that were written to it, not that those bytes are what the storage holds: a
+response damaged on the network (or by a proxy, or in this process's memory) would be
+cached, in memory and on disk, with a valid CRC, and every later read, in this process
+and in the next ones, would fail where the stored object is intact. The end-to-end
+check is the batch CRC, which the writer computed; every reader checks it on every read,
+from whichever tier. So the cache takes part in a protocol with its readers
+(:mod:`disklesslog.objects.reader`, tiered segments):
+
+* A reader that checks what it reads passes ``checked=True``. Blocks fetched for such a
+  read are cached in memory at once (other readers may share them) but written to disk
+  only when a reader confirms (:meth:`~BlockCache.confirm`) bytes in them that passed
+  its check. A block whose bytes failed before anyone confirmed it never reaches the disk.
+* A reader whose check fails fetches the bytes again with ``refresh=True``: their blocks
+  are dropped from both tiers and fetched straight from storage, under a new epoch, so
+  a load of the old bytes still under way cannot put them back, and readers that come
+  later share the new fetch. It does that a bounded number of times
+  (:mod:`disklesslog.retries`); bytes that still fail are dropped
+  (:meth:`~BlockCache.invalidate` with their range) and reported as damage.
+
+Confirming a block on one check is a choice: a 4 MiB block holds batches of many
+streams, and waiting until every byte was checked would keep most blocks off the disk
+forever. What makes it safe is the second rule: a block that reached the disk with
+damage elsewhere in it is caught by the batch CRC of the reader that reads that part
+(in any process), which drops it from both tiers and fetches it again. Damage in
+transit therefore costs one more GET and a warning, never an error and never bad data.
 
 Metrics (when a :class:`~disklesslog.metrics.Metrics` is passed to ``read``), per block:
 ``cache_hits`` (served without fetching: from memory, disk, or another reader's
@@ -84,8 +116,12 @@ __all__ = [
 log = logging.getLogger("disklesslog")
 
 DISK_HEADER = struct.Struct("<4sIQ")
-"""Header of a disk-tier file: magic, CRC-32C of the block, block length (16 bytes)."""
-DISK_MAGIC = b"DLC1"
+"""Header of a disk-tier file: magic, CRC-32C of the file's name and then the block,
+block length (16 bytes)."""
+DISK_MAGIC = b"DLC2"
+OLD_DISK_MAGICS = (b"DLC1",)
+"""Files of earlier versions (``DLC1``: the CRC covered the block only, so a file under
+another block's name passed). Dropped quietly when met: a cache needs no migration."""
 DISK_SUFFIX = ".blk"
 TEMP_SUFFIX = ".tmp"
 DISK_RESCAN_SECONDS = 30.0
@@ -153,7 +189,8 @@ class BlockCache:
         self._memory: OrderedDict[_BlockKey, bytes] = OrderedDict()  # oldest use first
         self._memory_bytes = 0
         self._inflight: dict[_BlockKey, _Flight] = {}
-        self._epoch = 0  # bumped by invalidate/clear: loads begun before do not cache
+        self._epoch = 0  # bumped by invalidate/clear/refresh: loads begun before do not cache
+        self._unconfirmed: set[_BlockKey] = set()  # in memory, fetched for a checked read
         self._counters = dict.fromkeys(_COUNTERS, 0)
         self._disk: _DiskTier | None = None
         if cache_dir is not None:
@@ -194,6 +231,8 @@ class BlockCache:
         fetch: Callable[[int, int], bytes],
         *,
         metrics: Metrics | None = None,
+        checked: bool = False,
+        refresh: bool = False,
     ) -> bytes:
         """Bytes ``[start, end)`` of the immutable object ``key``.
 
@@ -204,6 +243,18 @@ class BlockCache:
         the caller decides what that means. Concurrent reads of a block share one fetch.
         Whatever ``fetch`` raises propagates, to this reader and to every reader waiting
         for the same blocks, and nothing is cached for them.
+
+        ``checked=True`` is for a caller that checks the bytes it gets (batch checksums)
+        and says how that went: :meth:`confirm` for bytes that passed, :meth:`invalidate`
+        with their range for bytes that did not. Blocks such a read fetches are cached in
+        memory at once but written to the disk tier only when confirmed, so bytes damaged
+        on their way from storage never reach the disk, nor another process through it.
+
+        ``refresh=True`` is for bytes that failed the caller's check: the blocks holding
+        them are fetched again straight from ``fetch`` (neither tier is looked at) and
+        replace what both tiers held. Loads of those blocks that other readers began
+        earlier finish for them but cache nothing; readers that come later share this
+        fetch.
         """
         _check_key(key)
         for name, value in (("start", start), ("end", end)):
@@ -218,10 +269,15 @@ class BlockCache:
         size = self._block_size
         first, last = start // size, (end - 1) // size
         blocks: dict[int, bytes] = {}
+        if refresh:
+            owned = self._reclaim(key, first, last)
+            if self._disk is not None:
+                self._disk.remove_blocks(key, range(first, last + 1))
+            self._load(key, owned, fetch, blocks, metrics, checked=checked, from_disk=False)
         while not self._complete(blocks, first, last):
             owned, waiting = self._claim(key, first, last, blocks, metrics)
             if owned:
-                self._load(key, owned, fetch, blocks, metrics)
+                self._load(key, owned, fetch, blocks, metrics, checked=checked)
             for index, flight in waiting:
                 flight.done.wait()
                 if flight.error is not None:
@@ -279,6 +335,21 @@ class BlockCache:
             self._count(metrics, hits=hits)
         return owned, waiting
 
+    def _reclaim(self, key: str, first: int, last: int) -> list[tuple[int, _Flight]]:
+        """For a refresh: forget blocks ``[first, last]`` in memory and take their flights
+        over, all in one step, so no reader sees the old bytes after it, and readers
+        that come later wait for this load. Flights already under way keep their
+        readers; the new epoch keeps them from caching what they bring."""
+        owned: list[tuple[int, _Flight]] = []
+        with self._lock:
+            self._epoch += 1
+            for index in range(first, last + 1):
+                block = (key, index)
+                self._drop(block)
+                flight = self._inflight[block] = _Flight(self._epoch)
+                owned.append((index, flight))
+        return owned
+
     def _load(
         self,
         key: str,
@@ -286,11 +357,16 @@ class BlockCache:
         fetch: Callable[[int, int], bytes],
         blocks: dict[int, bytes],
         metrics: Metrics | None,
+        *,
+        checked: bool,
+        from_disk: bool = True,
     ) -> None:
-        """Load the blocks whose flights this reader owns: from disk, else by fetching
-        each contiguous run once. Every owned flight is completed, whatever happens."""
+        """Load the blocks whose flights this reader owns: from disk (unless
+        ``from_disk`` is false), else by fetching each contiguous run once. Fetched
+        blocks go to disk now, or for a ``checked`` read once confirmed. Every owned
+        flight is completed, whatever happens."""
         size = self._block_size
-        disk = self._disk
+        disk = self._disk if from_disk else None
         epoch = owned[0][1].epoch  # one _claim made them all
         stores: list[tuple[int, bytes]] = []
         end_block: int | None = None  # a block known to be short: later ones are empty
@@ -329,9 +405,9 @@ class BlockCache:
                     raise
                 self._count(metrics, fetches=1, misses=len(run))
                 for (index, flight), data in zip(run, pieces):
-                    self._finish(key, index, flight, data=data)
+                    self._finish(key, index, flight, data=data, unconfirmed=checked)
                     blocks[index] = data
-                    if data:
+                    if data and not checked:
                         stores.append((index, data))
                     if len(data) < size and end_block is None:
                         end_block = index
@@ -339,9 +415,9 @@ class BlockCache:
             for index, flight in owned:
                 if not flight.done.is_set():  # interrupted: let the waiters load it
                     self._finish(key, index, flight)
-        if disk is not None:
+        if self._disk is not None:
             for index, data in stores:
-                disk.store(key, index, data, lambda: epoch == self._epoch)
+                self._disk.store(key, index, data, lambda: epoch == self._epoch)
 
     def _finish(
         self,
@@ -351,32 +427,48 @@ class BlockCache:
         *,
         data: bytes | None = None,
         error: Exception | None = None,
+        unconfirmed: bool = False,
     ) -> None:
-        """Complete a flight: cache its data (unless invalidated meanwhile), wake waiters."""
+        """Complete a flight: cache its data (unless invalidated meanwhile; as waiting for
+        :meth:`confirm` if ``unconfirmed``), wake waiters."""
         block = (key, index)
         with self._lock:
             if self._inflight.get(block) is flight:
                 del self._inflight[block]
-            if data and flight.epoch == self._epoch:
-                self._remember(block, data)
+            if (
+                data
+                and flight.epoch == self._epoch
+                and self._remember(block, data)
+                and unconfirmed
+                and self._disk is not None
+            ):
+                self._unconfirmed.add(block)
         flight.data = data
         flight.error = error
         flight.done.set()
 
-    def _remember(self, block: _BlockKey, data: bytes) -> None:
-        """Insert a block as the most recently used; evict to the byte bound. Lock held."""
-        old = self._memory.pop(block, None)
-        if old is not None:
-            self._memory_bytes -= len(old)
+    def _remember(self, block: _BlockKey, data: bytes) -> bool:
+        """Insert a block as the most recently used; evict to the byte bound; whether it
+        was cached (not if larger than the bound). Lock held."""
+        self._drop(block)
         if len(data) > self._max_bytes:
             self._counters["uncacheable"] += 1
-            return
+            return False
         self._memory[block] = data
         self._memory_bytes += len(data)
         while self._memory_bytes > self._max_bytes:
-            _, victim = self._memory.popitem(last=False)
-            self._memory_bytes -= len(victim)
+            victim, evicted = self._memory.popitem(last=False)
+            self._memory_bytes -= len(evicted)
+            self._unconfirmed.discard(victim)  # an unconfirmed block never reaches the disk
             self._counters["evictions"] += 1
+        return True
+
+    def _drop(self, block: _BlockKey) -> None:
+        """Forget a block in memory (and that it awaits confirmation). Lock held."""
+        old = self._memory.pop(block, None)
+        if old is not None:
+            self._memory_bytes -= len(old)
+            self._unconfirmed.discard(block)
 
     def _assemble(
         self, blocks: dict[int, bytes], start: int, end: int, first: int, last: int
@@ -428,20 +520,57 @@ class BlockCache:
             for index, piece in enumerate(pieces):
                 self._disk.store(key, index, piece, lambda: epoch == self._epoch)
 
-    def invalidate(self, key: str) -> None:
-        """Drop every block of object ``key`` from memory and disk.
+    def confirm(self, key: str, start: int, end: int) -> None:
+        """Bytes ``[start, end)`` of ``key``, got from a ``checked`` :meth:`read`, passed
+        the caller's check: the blocks holding them that were fetched for a checked read
+        and still wait in memory are written to the disk tier now.
+
+        One check confirms a block: its other bytes (other batches, other streams) are
+        checked by whoever reads them, and bytes that fail a check are fetched again and
+        replaced in both tiers (the module documentation says why that is enough)."""
+        disk = self._disk
+        if disk is None or start >= end:
+            return
+        size = self._block_size
+        ready: list[tuple[int, bytes]] = []
+        with self._lock:
+            if not self._unconfirmed:
+                return
+            epoch = self._epoch
+            for index in range(start // size, (end - 1) // size + 1):
+                block = (key, index)
+                if block in self._unconfirmed:
+                    self._unconfirmed.remove(block)
+                    ready.append((index, self._memory[block]))
+        for index, data in ready:
+            disk.store(key, index, data, lambda: epoch == self._epoch)
+
+    def invalidate(self, key: str, start: int = 0, end: int | None = None) -> None:
+        """Drop the blocks of object ``key`` from memory and disk: all of them, or with
+        ``end`` only those holding bytes ``[start, end)`` (bytes that failed a check).
 
         Loads already under way (of any object) finish for their readers but cache nothing.
         """
         _check_key(key)
+        size = self._block_size
+        indices = None
+        if end is not None:
+            indices = range(start // size, (end - 1) // size + 1) if end > start else range(0)
         with self._lock:
             self._epoch += 1
-            for block in [block for block in self._memory if block[0] == key]:
-                self._memory_bytes -= len(self._memory.pop(block))
-            for block in [block for block in self._inflight if block[0] == key]:
-                del self._inflight[block]
+            if indices is None:
+                doomed = {block for block in self._memory if block[0] == key}
+                doomed.update(block for block in self._inflight if block[0] == key)
+            else:
+                doomed = {(key, index) for index in indices}
+            for block in doomed:
+                self._drop(block)
+                self._inflight.pop(block, None)
         if self._disk is not None:
-            self._disk.remove_object(key)
+            if indices is None:
+                self._disk.remove_object(key)
+            else:
+                self._disk.remove_blocks(key, indices)
 
     def clear(self) -> None:
         """Drop every block, in memory and on disk (only this cache's files are removed)."""
@@ -449,6 +578,7 @@ class BlockCache:
             self._epoch += 1
             self._memory.clear()
             self._memory_bytes = 0
+            self._unconfirmed.clear()
             self._inflight.clear()
         if self._disk is not None:
             self._disk.clear()
@@ -457,7 +587,8 @@ class BlockCache:
         """Sizes, limits and counters: ``memory_bytes``, ``memory_blocks``,
         ``disk_bytes``, ``disk_blocks``, ``in_flight``, ``hits``, ``misses``,
         ``disk_hits``, ``waits``, ``fetches``, ``evictions``, ``disk_writes``,
-        ``disk_evictions``, ``disk_discards``, ..."""
+        ``disk_evictions``, ``disk_discards``, ``unconfirmed`` (blocks of checked reads
+        in memory, not yet confirmed for the disk tier), ..."""
         with self._lock:
             result = {
                 "block_size": self._block_size,
@@ -465,6 +596,7 @@ class BlockCache:
                 "memory_bytes": self._memory_bytes,
                 "memory_blocks": len(self._memory),
                 "in_flight": len(self._inflight),
+                "unconfirmed": len(self._unconfirmed),
                 **self._counters,
             }
         disk = self._disk.stats() if self._disk is not None else {}
@@ -538,15 +670,17 @@ class _DiskTier:
         """The verified block, or None; and whether a damaged file was discarded."""
         name = self._name(key, index)
         path = os.path.join(self.directory, name)
+        outdated = False
         try:
             with open(path, "rb") as file:
                 header = file.read(DISK_HEADER.size)
                 data = None
                 if len(header) == DISK_HEADER.size:
                     magic, checksum, length = DISK_HEADER.unpack(header)
+                    outdated = magic in OLD_DISK_MAGICS
                     if magic == DISK_MAGIC and 0 < length <= self._block_size:
                         data = file.read(length + 1)  # one more: detects trailing bytes
-                        if len(data) != length or crc32c(data) != checksum:
+                        if len(data) != length or _disk_crc(name, data) != checksum:
                             data = None
         except FileNotFoundError:
             with self._lock:
@@ -556,13 +690,15 @@ class _DiskTier:
             log.warning("block cache: cannot read %s: %s", path, exc)
             return None, False
         if data is None:
-            log.warning("block cache: discarding damaged file %s", path)
+            if not outdated:
+                log.warning("block cache: discarding damaged file %s (fetching again)", path)
             with contextlib.suppress(OSError):
                 os.unlink(path)
             with self._lock:
                 self._forget(name)
-                self._counters["discards"] += 1
-            return None, True
+                if not outdated:
+                    self._counters["discards"] += 1
+            return None, not outdated
         with contextlib.suppress(OSError):
             os.utime(path)  # recently used: evicted last, also by other processes
         with self._lock:
@@ -584,7 +720,7 @@ class _DiskTier:
         )
         try:
             with open(temp, "wb") as file:
-                file.write(DISK_HEADER.pack(DISK_MAGIC, crc32c(data), len(data)))
+                file.write(DISK_HEADER.pack(DISK_MAGIC, _disk_crc(name, data), len(data)))
                 file.write(data)
             os.replace(temp, path)
         except OSError as exc:
@@ -605,6 +741,13 @@ class _DiskTier:
                 else self._evict()
             )
         self._unlink(victims)
+
+    def remove_blocks(self, key: str, indices: Iterable[int]) -> None:
+        names = [self._name(key, index) for index in indices]
+        with self._lock:
+            for name in names:
+                self._forget(name)
+        self._unlink(names)
 
     def remove_object(self, key: str) -> None:
         prefix = self._prefix(key)
@@ -693,6 +836,16 @@ class _DiskTier:
         for name in names:
             with contextlib.suppress(OSError):
                 os.unlink(os.path.join(self.directory, name))
+
+
+def _disk_crc(name: str, data: bytes) -> int:
+    """The checksum of a disk-tier file: CRC-32C of its name (which names the object, the
+    block size and the block), then of the block. A file is valid only under its own
+    name, so one copied, restored or renamed over another block's name fails like
+    damage: its block would pass a CRC of the block alone, and could hold a batch of
+    another stream with the very offsets and size a reader expects, which no later
+    check would catch."""
+    return crc32c(data, crc32c(name.encode("ascii")))
 
 
 _CACHES: weakref.WeakSet[BlockCache] = weakref.WeakSet()

@@ -21,6 +21,7 @@ from ..api import (
     StreamInfo,
     check_offset,
     check_read_arguments,
+    check_timestamp,
     validate_group_name,
     validate_stream_name,
 )
@@ -40,9 +41,10 @@ from ..projection import OFFSETS
 from ..records import RecordBatch
 from ..sequencers import Sequencer, open_sequencer
 from ..sequencers.base import BatchLocation
+from ..sequencers.common import out_of_range
 from . import reader
 from .cache import BlockCache, default_cache
-from .storage import SEQUENCER_DIR, ObjectStorage, open_filesystem
+from .storage import OBJECTS, SEQUENCER_DIR, ObjectStorage, open_filesystem
 from .writer import DEFAULT_INFLIGHT, ObjectWriter
 
 if TYPE_CHECKING:
@@ -57,6 +59,8 @@ VERSION = 1
 DEFAULT_LINGER_MS = 100
 DEFAULT_MAX_OBJECT_BYTES = 8 << 20
 APPEND_LINGER_MS = 0  # Stream.append: flush as soon as the previous flush is done
+SQLITE_NAME = "disklesslog-meta.db"
+"""The SQLite sequencer's database in the directory of a ``file://`` log (the default)."""
 
 
 class ObjectLog(AbstractLog):
@@ -70,40 +74,27 @@ class ObjectLog(AbstractLog):
         sequencer: Sequencer,
         owns_sequencer: bool,
         cache: BlockCache | None,
-        create: bool = True,
-        **stream_defaults: Any,
+        stream_defaults: StreamConfig,
     ) -> None:
+        """A log over storage whose root :func:`open_object_log` has checked (and marked)
+        and a sequencer it opened; use :func:`disklesslog.open`."""
         super().__init__(url)
-        self._defaults = StreamConfig.from_dict(stream_defaults)
+        self._defaults = stream_defaults
         self._metrics = storage.metrics
         self.storage = storage
         self.sequencer = sequencer
         self._owns_sequencer = owns_sequencer
         self._cache = cache
+        # Blocks wait for confirm() only to go to a disk tier: without one, skip the call.
+        self._confirms = cache is not None and cache.cache_dir is not None
         self._lock = threading.Lock()
         self._configs: dict[str, StreamConfig] = {}
         self._append_writer: ObjectWriter | None = None
         self._writers: weakref.WeakSet[ObjectWriter] = weakref.WeakSet()
-        try:
-            self._check_marker(create=create)
-        except BaseException:
-            if owns_sequencer:
-                sequencer.close()
-            raise
 
     @property
     def stream_defaults(self) -> StreamConfig:
         return self._defaults
-
-    def _check_marker(self, *, create: bool) -> None:
-        """Refuse a location that holds another kind of log; mark a new one as ours."""
-        if self.storage.exists(MARKER):
-            raw = self.storage.read_small(MARKER)
-            check_marker(raw, kind=KIND, version=VERSION, where=self.url)
-            return
-        if not create:
-            raise InvalidURL(f"{self.url} is not a log (no {MARKER}; opened with create=False)")
-        self.storage.write_small(MARKER, marker_bytes(KIND, VERSION))
 
     # ----------------------------------------------------------------- streams
 
@@ -115,7 +106,10 @@ class ObjectLog(AbstractLog):
         self._check_open()
         validate_stream_name(name)
         wanted = self._defaults.replace(**config)
-        meta = self.sequencer.create_stream(name, wanted.to_dict())
+        try:  # an existing stream is a read (creating is an entry on the object store)
+            meta = self.sequencer.stream_info(name)
+        except StreamNotFound:
+            meta = self.sequencer.create_stream(name, wanted.to_dict())
         existing = StreamConfig.from_dict(meta.config)
         if existing != wanted:
             raise StreamExistsError(
@@ -146,6 +140,9 @@ class ObjectLog(AbstractLog):
     def delete_stream(self, name: str) -> None:
         self._check_open()
         validate_stream_name(name)
+        # A refusal the sequencer would judge costs the object-store sequencer an entry
+        # (operations are judged on replay): a missing stream is found by a read first.
+        self.sequencer.stream_info(name)
         self.sequencer.delete_stream(name)
         with self._lock:
             self._configs.pop(name, None)
@@ -286,8 +283,10 @@ class ObjectLog(AbstractLog):
                 yield location
             offset = page.batches[-1].last_offset + 1
 
-    def fetch(self, key: str, start: int, end: int) -> bytes:
-        """Bytes ``[start, end)`` of an object, through the block cache."""
+    def fetch(self, key: str, start: int, end: int, *, refresh: bool = False) -> bytes:
+        """Bytes ``[start, end)`` of an object, through the block cache, for a reader that
+        checks them and then calls :meth:`confirm` or :meth:`discard`; ``refresh``
+        fetches them again straight from storage (see :class:`BlockCache`)."""
         self._metrics.add("read_ranges")
         if self._cache is None:
             return self.storage.get_range(key, start, end)
@@ -295,7 +294,27 @@ class ObjectLog(AbstractLog):
         def get(range_start: int, range_end: int) -> bytes:
             return self.storage.get_range(key, range_start, range_end)
 
-        return self._cache.read(f"{self.storage.url}/{key}", start, end, get, metrics=self._metrics)
+        return self._cache.read(
+            f"{self.storage.url}/{key}",
+            start,
+            end,
+            get,
+            metrics=self._metrics,
+            checked=True,
+            refresh=refresh,
+        )
+
+    def confirm(self, key: str, start: int, end: int) -> None:
+        """Bytes ``[start, end)`` of an object passed their checks: the cache may keep
+        the blocks holding them on disk."""
+        if self._confirms and self._cache is not None:
+            self._cache.confirm(f"{self.storage.url}/{key}", start, end)
+
+    def discard(self, key: str, start: int, end: int) -> None:
+        """Bytes ``[start, end)`` of an object failed their checks: drop them from the
+        cache."""
+        if self._cache is not None:
+            self._cache.invalidate(f"{self.storage.url}/{key}", start, end)
 
     def cache_object(self, key: str, data: bytes) -> None:
         """Insert an object this process just wrote into the cache (the hottest data)."""
@@ -320,6 +339,8 @@ class ObjectLog(AbstractLog):
         from .compact import compact  # noqa: PLC0415 - maintenance is loaded on use
 
         self._check_open()
+        if now_ms is not None:
+            check_timestamp(now_ms, "now_ms")
         return compact(self, stream, dry_run=dry_run, progress=progress, now_ms=now_ms, force=force)
 
     def merge(
@@ -339,6 +360,8 @@ class ObjectLog(AbstractLog):
         from .merge import merge  # noqa: PLC0415 - maintenance is loaded on use
 
         self._check_open()
+        if now_ms is not None:
+            check_timestamp(now_ms, "now_ms")
         return merge(
             self,
             stream,
@@ -457,8 +480,7 @@ class ObjectStream(Stream):
 
     def offset_for_time(self, timestamp_ms: int) -> int | None:
         self._log._check_open()
-        if type(timestamp_ms) is not int:
-            raise ConfigError(f"timestamp_ms must be an int, not {type(timestamp_ms).__name__}")
+        check_timestamp(timestamp_ms, "timestamp_ms")
         return reader.offset_for_time(self._log, self._name, timestamp_ms)
 
     @property
@@ -474,7 +496,13 @@ class ObjectStream(Stream):
     def trim(self, before_offset: int) -> None:
         self._log._check_open()
         check_offset(before_offset, "before_offset")
-        self._log.sequencer.trim(self._name, before_offset)
+        # Judged by a read first: a trim of a missing stream, past the end or backwards
+        # (a no-op) writes nothing, not even an entry of the object-store sequencer.
+        meta = self._log.sequencer.stream_info(self._name)
+        if before_offset > meta.end_offset:
+            raise out_of_range(self._name, before_offset, meta.start_offset, meta.end_offset)
+        if before_offset > meta.start_offset:
+            self._log.sequencer.trim(self._name, before_offset)
 
     @property
     def config(self) -> StreamConfig:
@@ -523,34 +551,109 @@ with a generic "unknown option"."""
 
 
 def open_object_log(url: str, location: str, options: dict[str, Any]) -> ObjectLog:
-    """The ``objects`` backend factory (see :func:`disklesslog.open`)."""
+    """The ``objects`` backend factory (see :func:`disklesslog.open`).
+
+    Everything is checked before anything is created, so a refused open leaves nothing
+    behind: the options first (an unknown one, a bad ``cache=`` or ``storage_options=``),
+    then the location (another kind of log, a foreign non-empty directory or prefix, a
+    missing log with ``create=False``). Only then is the sequencer opened (the SQLite
+    database of a ``file://`` log is created here) and a new log's marker written, last:
+    a crash before it leaves only entries of our own, which the next open accepts.
+    """
     local_only = sorted(LOCAL_ONLY_OPTIONS.intersection(options))
     if local_only:
         raise ConfigError(
             f"option(s) {', '.join(local_only)} apply to local (segment-file) logs only: a log "
             "on object storage is already on it, and its durability is the store's"
         )
+    options = dict(options)
     sequencer_option = options.pop("sequencer", None)
     storage_options = options.pop("storage_options", None)
-    cache_option = options.pop("cache", "default")
-    fs, root = open_filesystem(url, storage_options)
-    metrics = Metrics()
-    storage = ObjectStorage(fs, root, metrics)
-    sequencer, owned = _sequencer_for(storage, sequencer_option, storage_options)
-    if cache_option == "default":
-        cache: BlockCache | None = default_cache()
-    elif cache_option is None or isinstance(cache_option, BlockCache):
-        cache = cache_option
-    else:
-        raise ConfigError("cache must be a BlockCache, None (no cache) or omitted")
-    try:
-        return ObjectLog(
-            url, storage=storage, sequencer=sequencer, owns_sequencer=owned, cache=cache, **options
+    cache = _cache_for(options.pop("cache", "default"))
+    create = options.pop("create", True)
+    if type(create) is not bool:
+        raise ConfigError(f"create must be True or False, not {create!r}")
+    if storage_options is not None and not isinstance(storage_options, Mapping):
+        raise ConfigError(
+            f"storage_options must be a mapping of fsspec options, not {storage_options!r}"
         )
-    except TypeError as exc:
+    if sequencer_option is not None and not isinstance(sequencer_option, str | Sequencer):
+        raise ConfigError(
+            f"sequencer must be a URL or a Sequencer instance, not {sequencer_option!r}"
+        )
+    defaults = StreamConfig.from_dict(options)  # any other option is a stream default
+    # ``location`` is the path of a file URL (``file:///abs``, ``file:/abs``: parsed and
+    # unquoted as the segments backend does), and any other URL as given.
+    fs, root = open_filesystem(location, storage_options)
+    storage = ObjectStorage(fs, root, Metrics())
+    marked = _check_root(storage, url, create=create)
+    sequencer, owned = _sequencer_for(storage, sequencer_option, storage_options)
+    try:
+        if not marked:
+            storage.write_small(MARKER, marker_bytes(KIND, VERSION))
+    except BaseException:
         if owned:
             sequencer.close()
-        raise ConfigError(f"unknown option for an objects log: {exc}") from None
+        raise
+    return ObjectLog(
+        url,
+        storage=storage,
+        sequencer=sequencer,
+        owns_sequencer=owned,
+        cache=cache,
+        stream_defaults=defaults,
+    )
+
+
+def _cache_for(option: Any) -> BlockCache | None:
+    if isinstance(option, str) and option == "default":
+        return default_cache()
+    if option is None or isinstance(option, BlockCache):
+        return option
+    raise ConfigError(f"cache must be a BlockCache, None (no cache) or omitted, not {option!r}")
+
+
+OWN_ENTRIES = frozenset(
+    {
+        MARKER,
+        OBJECTS,
+        SEQUENCER_DIR,
+        *(SQLITE_NAME + end for end in ("", "-wal", "-shm", "-journal")),
+    }
+)
+"""What an object log's root may hold before its marker is written (all of it ours: a
+log being created by another process, or one whose creator crashed before the marker):
+anything else makes the location foreign. A write-by-rename temporary of one of these
+(``disklesslog.json.tmp-<hex>`` while another process writes the marker on local
+files) is ours too: see :func:`_is_own`."""
+
+
+def _is_own(name: str) -> bool:
+    """Whether ``name`` is one of :data:`OWN_ENTRIES` or a temporary file of one."""
+    base, sep, tail = name.partition(".tmp-")
+    if sep and tail:
+        return base in OWN_ENTRIES
+    return name in OWN_ENTRIES
+
+
+def _check_root(storage: ObjectStorage, url: str, *, create: bool) -> bool:
+    """Whether the root already holds an object log's marker (checked: another kind of
+    log or a newer version is an :class:`InvalidURL`). A root without one must be
+    missing or hold only :data:`OWN_ENTRIES`, and ``create`` must allow a new log: a
+    non-empty directory or prefix of other data is never adopted, as for local logs."""
+    raw = storage.read_small(MARKER)  # one retried GET: a failure never passes for "none"
+    if raw is not None:
+        check_marker(raw, kind=KIND, version=VERSION, where=url)
+        return True
+    foreign = sorted(name for name in storage.list_root() if not _is_own(name))
+    if foreign:
+        raise InvalidURL(
+            f"{url} is not empty and not a disklesslog log (it holds {foreign[0]!r}, and no "
+            f"{MARKER}); open an empty or new location instead"
+        )
+    if not create:
+        raise InvalidURL(f"{url} is not a log (no {MARKER}; opened with create=False)")
+    return False
 
 
 def _sequencer_for(
@@ -566,8 +669,6 @@ def _sequencer_for(
     """
     if isinstance(option, Sequencer):
         return option, False
-    if option is not None and not isinstance(option, str):
-        raise ConfigError(f"sequencer must be a URL or a Sequencer instance, not {option!r}")
     protocol = storage.url.split("://", 1)[0]
     if option in ("objectstore", "objectstore://"):
         return _objectstore(storage.fs, f"{storage.root}/{SEQUENCER_DIR}"), True
@@ -582,7 +683,7 @@ def _sequencer_for(
         return open_sequencer(f"memory://{storage.root}"), True
     local = storage.local_root()
     if local is not None:
-        return open_sequencer(f"sqlite://{quote(local)}/disklesslog-meta.db"), True
+        return open_sequencer(f"sqlite://{quote(local)}/{SQLITE_NAME}"), True
     return _objectstore(storage.fs, f"{storage.root}/{SEQUENCER_DIR}"), True
 
 

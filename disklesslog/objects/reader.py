@@ -17,6 +17,13 @@ deletes the old objects after a grace period. A read that meets a deleted object
 the sequencer again where the offsets it still needs live: if they moved, it reads
 them there; only an object the sequencer *still* references is missing data
 (:class:`~disklesslog.DataLossError`).
+
+A batch that fails its check may have been damaged on its way (the network, the block
+cache), not in storage: its range is fetched again straight from storage, bypassing and
+replacing the cached blocks, a bounded number of times (:mod:`disklesslog.retries`)
+before it is reported as :class:`~disklesslog.CorruptDataError`. Reads use the cache as
+a checked reader: each run's bytes that passed are confirmed to it, so only they reach
+its disk tier (:mod:`disklesslog.objects.cache`).
 """
 
 from __future__ import annotations
@@ -29,6 +36,7 @@ from ..errors import CorruptDataError, DataLossError
 from ..format import BatchHeader
 from ..projection import COLUMNS, Part, Projection
 from ..records import RecordBatch, limit_records
+from ..retries import refetched
 from ..sequencers.base import BatchLocation, BatchPage
 
 if TYPE_CHECKING:
@@ -91,8 +99,25 @@ def _read(
         if not wanted:
             return
         for run in runs(wanted):
+            checked = run.start  # the run's bytes up to here passed their checks
             try:
                 data = log.fetch(run.object_key, run.start, run.end)
+                for location in run.batches:
+                    try:
+                        header, batch = _decode(
+                            data, run.start, location, max_batch_bytes, projection
+                        )
+                    except CorruptDataError as failure:
+                        header, batch = _refetched(
+                            log, location, failure, max_batch_bytes, projection
+                        )
+                    checked = location.position + location.size
+                    part = projection.clip(location.base_offset, header, batch, lo, hi)
+                    lo = location.last_offset + 1
+                    if len(part):
+                        yield part
+                    if lo >= hi:
+                        return
             except DataLossError:
                 # Deleted after maintenance replaced it? Then fresh locations lead
                 # elsewhere; the same object again means it is really gone.
@@ -101,15 +126,38 @@ def _read(
                 missing = (run.object_key, lo)
                 log._metrics.add("stale_locations")
                 break
-            for location in run.batches:
-                header, batch = _decode(data, run, location, max_batch_bytes, projection)
-                part = projection.clip(location.base_offset, header, batch, lo, hi)
-                lo = location.last_offset + 1
-                if len(part):
-                    yield part
-                if lo >= hi:
-                    return
+            finally:
+                log.confirm(run.object_key, run.start, checked)
         page = log.sequencer.find_batches(stream, lo, PAGE_BYTES)
+
+
+def _refetched(
+    log: ObjectLog,
+    location: BatchLocation,
+    failure: CorruptDataError,
+    max_batch_bytes: int,
+    projection: Projection[Any],
+) -> tuple[BatchHeader, RecordBatch | None]:
+    """The batch at ``location``, whose bytes failed ``failure`` (from the cache or from
+    storage), fetched again straight from storage (:mod:`disklesslog.retries`): bytes
+    that pass are logged as a cure and replace the cached ones; bytes that fail on
+    every fetch, or come back the same twice, are damage, dropped from the cache and
+    reported as :class:`CorruptDataError` naming the object and position."""
+    key, start = location.object_key, location.position
+    end = start + location.size
+    try:
+        return refetched(
+            lambda: log.fetch(key, start, end, refresh=True),
+            lambda data: _decode(data, start, location, max_batch_bytes, projection),
+            failure,
+            metrics=log._metrics,
+            counter="refetches",
+        )
+    except DataLossError:
+        raise
+    except CorruptDataError:
+        log.discard(key, start, end)
+        raise
 
 
 def runs(
@@ -137,16 +185,17 @@ def runs(
 
 def _decode(
     data: bytes,
-    run: Run,
+    base: int,
     location: BatchLocation,
     max_batch_bytes: int,
     projection: Projection[Any],
 ) -> tuple[BatchHeader, RecordBatch | None]:
-    at = location.position - run.start
+    """The batch at ``location`` out of ``data``, the object's bytes from ``base`` on."""
+    at = location.position - base
     source = f"object {location.object_key}"
     if len(data) < at + location.size:
         raise CorruptDataError(
-            f"object is {run.start + len(data)} bytes, the batch at {location.position} "
+            f"object is {base + len(data)} bytes, the batch at {location.position} "
             f"needs {location.size} more",
             source=source,
             position=location.position,
@@ -156,7 +205,7 @@ def _decode(
             data, at, location.base_offset, max_batch_bytes=max_batch_bytes
         )
     except CorruptDataError as exc:
-        raise exc.located(source, run.start) from None
+        raise exc.located(source, base) from None
     check_coordinates(header, location)
     return header, batch
 

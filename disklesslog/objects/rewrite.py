@@ -22,14 +22,16 @@ writer's commit, or not at all, so that pass can never take it while it is on it
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
-from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, TypeVar
 
 from ..errors import CorruptDataError, DataLossError, SequencerConflict, StreamNotFound
-from ..format import check_batch, decode_batch
+from ..format import BatchHeader, check_batch, decode_batch
 from ..records import RecordBatch
+from ..retries import refetched
 from ..sequencers.base import BatchLocation
 from .reader import check_coordinates, runs
 from .writer import UPLOAD_MAX_AGE
@@ -49,6 +51,8 @@ __all__ = [
 
 log = logging.getLogger("disklesslog")
 
+T = TypeVar("T")
+
 MAX_RANGE_BYTES = 16 << 20
 """Largest ranged GET a rewrite makes: neighbouring batches of one object are fetched
 together up to this size, which also bounds the bytes held per fetch."""
@@ -60,11 +64,20 @@ def live_snapshot(object_log: ObjectLog, stream: str) -> list[BatchLocation]:
     return list(object_log.live_batches(stream))
 
 
+_Check = Callable[[bytes, int, BatchLocation], tuple[BatchHeader, T]]
+"""Checks the batch at a position of fetched bytes: its header and what the caller
+wants of it (its bytes, its records); raises CorruptDataError located in those bytes."""
+
+
 class SourceReader:
     """Reads batches for a rewrite with coalesced ranged GETs straight from storage.
 
     Not through the process's block cache: a rewrite reads a stream's whole cleanable
     range once, which would evict what readers need, and gains nothing from caching.
+    A batch that fails its check is fetched again (alone, straight from storage) like a
+    reader's (:func:`~disklesslog.retries.refetched`, counted in ``refetches``): bytes
+    damaged on their way cost a GET and a warning, not the pass; only bytes that fail on
+    every fetch, or that storage returns the same twice, are reported as damage.
     Counts the objects and bytes it reads for the report.
     """
 
@@ -79,56 +92,83 @@ class SourceReader:
 
     def raw(self, locations: Sequence[BatchLocation]) -> Iterator[tuple[BatchLocation, bytes]]:
         """Each batch's bytes, verified (checksum, header, coordinates) but not decoded."""
-        for location, data, at in self._located(locations):
-            try:
-                header = check_batch(data, at, max_batch_bytes=self._max_batch_bytes)
-            except CorruptDataError as exc:
-                raise exc.located(f"object {location.object_key}", location.position - at) from None
-            check_coordinates(header, location)
-            yield location, data[at : at + location.size]
+
+        def check(data: bytes, at: int, location: BatchLocation) -> tuple[BatchHeader, bytes]:
+            header = check_batch(data, at, max_batch_bytes=self._max_batch_bytes)
+            return header, data[at : at + location.size]
+
+        return self._verified(locations, check)
 
     def decoded(
         self, locations: Sequence[BatchLocation]
     ) -> Iterator[tuple[BatchLocation, RecordBatch]]:
         """Each batch decoded into columns (checksum, structure and coordinates checked)."""
-        for location, data, at in self._located(locations):
-            try:
-                header, batch = decode_batch(
-                    data, at, location.base_offset, max_batch_bytes=self._max_batch_bytes
-                )
-            except CorruptDataError as exc:
-                raise exc.located(f"object {location.object_key}", location.position - at) from None
-            check_coordinates(header, location)
-            yield location, batch
+
+        def check(data: bytes, at: int, location: BatchLocation) -> tuple[BatchHeader, RecordBatch]:
+            return decode_batch(
+                data, at, location.base_offset, max_batch_bytes=self._max_batch_bytes
+            )
+
+        return self._verified(locations, check)
 
     def tally(self, report: MaintenanceReport) -> None:
         """Add what was read to ``report``."""
         report.add(objects_read=len(self.objects), bytes_read=self.bytes)
 
-    def _located(
-        self, locations: Sequence[BatchLocation]
-    ) -> Iterator[tuple[BatchLocation, bytes, int]]:
-        """``(location, fetched range, position of the batch in it)`` per batch, fetched
-        lazily, one coalesced range at a time."""
-        storage = self._log.storage
+    def _verified(
+        self, locations: Sequence[BatchLocation], check: _Check[T]
+    ) -> Iterator[tuple[BatchLocation, T]]:
+        """What ``check`` makes of each batch, fetched lazily, one coalesced range at a
+        time; a batch that fails is fetched again on its own."""
         for run in runs(list(locations), max_bytes=MAX_RANGE_BYTES):
-            try:
-                data = storage.get_range(run.object_key, run.start, run.end)
-            except DataLossError:
-                self.missing = run.object_key
-                raise
-            self.objects.add(run.object_key)
-            self.bytes += len(data)
+            data = self._get(run.object_key, run.start, run.end)
             for location in run.batches:
                 at = location.position - run.start
-                if len(data) < at + location.size:
-                    raise CorruptDataError(
-                        f"object is {run.start + len(data)} bytes, the batch at "
-                        f"{location.position} needs {location.size}",
-                        source=f"object {location.object_key}",
-                        position=location.position,
+                try:
+                    value = _checked(check, data, at, location)
+                except CorruptDataError as failure:
+                    start, end = location.position, location.position + location.size
+                    value = refetched(
+                        functools.partial(self._get, location.object_key, start, end),
+                        functools.partial(_checked, check, at=0, location=location),
+                        failure,
+                        metrics=self._log.storage.metrics,
+                        counter="refetches",
+                        previous=data[at : at + location.size],
                     )
-                yield location, data, at
+                yield location, value
+
+    def _get(self, key: str, start: int, end: int) -> bytes:
+        """Bytes ``[start, end)`` of object ``key`` from storage, counted; a missing
+        object is remembered (:attr:`missing`) and its DataLossError raised."""
+        try:
+            data = self._log.storage.get_range(key, start, end)
+        except DataLossError:
+            self.missing = key
+            raise
+        self.objects.add(key)
+        self.bytes += len(data)
+        return data
+
+
+def _checked(check: _Check[T], data: bytes, at: int, location: BatchLocation) -> T:
+    """``check`` of the batch at ``location``, ``at`` bytes into ``data`` (fetched from
+    ``location.position - at``): failures are located in the object, and the batch must
+    be whole and match its coordinates."""
+    base = location.position - at
+    if len(data) < at + location.size:
+        raise CorruptDataError(
+            f"object is {base + len(data)} bytes, the batch at {location.position} needs "
+            f"{location.size}",
+            source=f"object {location.object_key}",
+            position=location.position,
+        )
+    try:
+        header, value = check(data, at, location)
+    except CorruptDataError as exc:
+        raise exc.located(f"object {location.object_key}", base) from None
+    check_coordinates(header, location)
+    return value
 
 
 def replaced_meanwhile(object_log: ObjectLog, stream: str, reader: SourceReader) -> bool:

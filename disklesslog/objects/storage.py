@@ -1,10 +1,13 @@
-"""Object storage through fsspec: write-once puts with retries, ranged gets, listing.
+"""Object storage through fsspec: write-once puts, ranged gets, listing, deletes, all
+retried.
 
-Everything the object backend stores goes through :class:`ObjectStorage`, so retries,
-error translation and the PUT/GET counters live in one place. Objects are immutable
-and written once under unique, time-sortable names (:meth:`ObjectStorage.new_key`):
-nothing is ever overwritten, so a reader holding an old batch location can always
-finish, and an upload retried after a lost response writes the same bytes again.
+Everything the object backend stores, reads, lists and deletes goes through
+:class:`ObjectStorage`, so retries (of every request alike, :mod:`disklesslog.retries`),
+error translation (whatever a client raises becomes a typed error) and the request
+counters live in one place. Objects are immutable and written once under unique,
+time-sortable names (:meth:`ObjectStorage.new_key`): nothing is ever overwritten, so a
+reader holding an old batch location can always finish, and an upload retried after a
+lost response writes the same bytes again.
 
 A key also says what its object is, so maintenance needs no state of its own to tell
 (``docs/format.md`` section 3): ``objects/<ns>-<hex>`` is a WAL object written by a
@@ -19,24 +22,25 @@ the sequencer never knew by it.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
-import random
 import re
 import secrets
 import time
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
 
 import fsspec
 
 from ..errors import (
     ConfigError,
+    CorruptDataError,
     DataLossError,
-    DisklessLogError,
     InvalidURL,
     MissingDependencyError,
 )
 from ..metrics import Metrics
+from ..retries import ATTEMPTS, DELAY, retrying
 
 __all__ = [
     "COMPACTED",
@@ -67,6 +71,7 @@ garbage collection gives them longer before it takes them for failed uploads."""
 KINDS = (WAL, MERGED, COMPACTED, STAGED)
 _KEY = re.compile(r"objects/(\d{20})-[0-9a-f]{16}(?:\.(merged|compacted|staged))?")
 _DATED = re.compile(r"objects/(\d{20})-")
+T = TypeVar("T")
 SEQUENCER_DIR = "_sequencer"
 """Folder of the object-store sequencer's entries and checkpoints under the log's root."""
 
@@ -107,7 +112,14 @@ def open_filesystem(url: str, storage_options: Mapping[str, Any] | None) -> tupl
 
 
 class ObjectStorage:
-    """The objects of one log: ``<root>/objects/<key>`` in an fsspec filesystem."""
+    """The objects of one log: ``<root>/objects/<key>`` in an fsspec filesystem.
+
+    Every request is retried on failure (:mod:`disklesslog.retries`: ``put_attempts``
+    attempts with exponential backoff and jitter from ``retry_delay``), PUTs, GETs,
+    LISTs and DELETEs alike; failures count in ``put_errors``, ``get_errors`` (GETs and
+    LISTs) and ``delete_errors``, and the last one is raised as
+    :class:`~disklesslog.StorageError`, whatever the client raised.
+    """
 
     def __init__(
         self,
@@ -115,8 +127,8 @@ class ObjectStorage:
         root: str,
         metrics: Metrics,
         *,
-        put_attempts: int = 5,
-        retry_delay: float = 0.05,
+        put_attempts: int = ATTEMPTS,
+        retry_delay: float = DELAY,
     ) -> None:
         if type(put_attempts) is not int or put_attempts < 1:
             raise ConfigError("put_attempts must be an int >= 1")
@@ -130,6 +142,17 @@ class ObjectStorage:
         self._local = os.path.abspath(root) if protocol in ("file", "local") else None
 
     def path(self, key: str) -> str:
+        """Where object ``key`` lives. Keys come from the sequencer, whose metadata may
+        be damaged: one that could not have been made here (a NUL or another control
+        character, an absolute path, ``.`` or ``..`` parts, a lone surrogate) is
+        :class:`~disklesslog.CorruptDataError` naming it, never a request for it (on
+        ``file://``, ``..`` would leave the log's directory)."""
+        if not isinstance(key, str) or _SAFE_KEY.fullmatch(key) is None:
+            raise CorruptDataError(
+                f"object key {key!r} is not one this library makes ({_key_problem(key)}): "
+                "the metadata naming it is damaged",
+                source=self.url,
+            )
         return f"{self.root}/{key}"
 
     @staticmethod
@@ -145,29 +168,46 @@ class ObjectStorage:
     def put(self, key: str, data: bytes) -> None:
         """Store ``data`` under ``key``, retrying failures with exponential backoff and
         jitter. Safe to retry: the key is unique and the bytes are the same. After the
-        last attempt the failure is raised as :class:`OSError` (chained to the client's)."""
+        last attempt the failure is raised as :class:`~disklesslog.StorageError` (an
+        ``OSError``, chained to the client's)."""
         path = self.path(key)
-        for attempt in range(1, self.put_attempts + 1):
+
+        def attempt() -> None:
             started = time.monotonic()
-            try:
-                self._write(path, data)
-            except DisklessLogError:
-                raise
-            except Exception as exc:
-                # Clients raise their own transient errors (gcsfs's HttpError, Azure's
-                # ServiceRequestError are not OSErrors); retrying any failure is safe here
-                # (a unique key, the same bytes), and the last one is reported as OSError.
-                self.metrics.add("put_errors")
-                if attempt == self.put_attempts:
-                    raise OSError(
-                        f"could not store object {key} in {self.url} after {attempt} "
-                        f"attempts: {exc}"
-                    ) from exc
-                time.sleep(self.retry_delay * 2 ** (attempt - 1) * (0.5 + random.random()))
-                continue
+            self._write(path, data)
             self.metrics.observe("put", time.monotonic() - started)
-            self.metrics.add("put_bytes", len(data))
-            return
+
+        retrying(
+            attempt,
+            f"could not store object {key} in {self.url}",
+            metrics=self.metrics,
+            counter="put_errors",
+            attempts=self.put_attempts,
+            delay=self.retry_delay,
+        )
+        self.metrics.add("put_bytes", len(data))
+
+    def _request(self, call: Callable[[], T], what: str, counter: str) -> T:
+        """A request that reads (GET, LIST) or deletes, retried like a PUT (failures count
+        in ``counter``); ``FileNotFoundError`` propagates at once, for the caller to say
+        what a missing object means (also when a component of its path is a file, as
+        in a log opened at the path of a file: nothing is there either)."""
+
+        def attempt() -> T:
+            try:
+                return call()
+            except NotADirectoryError as exc:
+                raise FileNotFoundError(exc.errno, exc.strerror, exc.filename) from exc
+
+        return retrying(
+            attempt,
+            what,
+            metrics=self.metrics,
+            counter=counter,
+            attempts=self.put_attempts,
+            delay=self.retry_delay,
+            final=(FileNotFoundError,),
+        )
 
     def _write(self, path: str, data: bytes) -> None:
         """One PUT. Object stores make a PUT atomic; on a local (or network) disk the
@@ -185,27 +225,44 @@ class ObjectStorage:
             raise
 
     def get_range(self, key: str, start: int, end: int) -> bytes:
-        """Bytes ``[start, end)`` of an object (fewer at its end). A missing object is
-        :class:`DataLossError`: the sequencer still points at it."""
-        started = time.monotonic()
+        """Bytes ``[start, end)`` of an object (fewer at its end), retrying failed GETs.
+        A missing object is :class:`DataLossError` at once (the sequencer still points
+        at it: no retry brings it back)."""
+        path = self.path(key)
+
+        def attempt() -> bytes:
+            started = time.monotonic()
+            data = self.fs.cat_file(path, start=start, end=end)
+            self.metrics.observe("get", time.monotonic() - started)
+            return bytes(data)
+
         try:
-            data = self.fs.cat_file(self.path(key), start=start, end=end)
+            data = self._request(
+                attempt, f"could not read object {key} from {self.url}", "get_errors"
+            )
         except FileNotFoundError:
             raise DataLossError(
                 f"object {key} is missing from {self.url} although the sequencer still "
                 "references it (deleted by hand, or garbage collection ran with too "
                 "short a grace period)",
-                source=self.path(key),
+                source=path,
             ) from None
-        self.metrics.observe("get", time.monotonic() - started)
         self.metrics.add("get_bytes", len(data))
-        return bytes(data)
+        return data
 
     def delete(self, keys: list[str]) -> None:
-        """Delete objects; already missing ones are fine (deletion is idempotent)."""
+        """Delete objects, retrying failures like any request (counted in
+        ``delete_errors``; the last one raised as :class:`~disklesslog.StorageError`).
+        Deleting is idempotent: an object already missing (deleted by another collector,
+        or by an earlier attempt whose response was lost) counts as deleted."""
         for key in keys:
+            path = self.path(key)
             try:
-                self.fs.rm_file(self.path(key))
+                self._request(
+                    functools.partial(self.fs.rm_file, path),
+                    f"could not delete object {key} from {self.url}",
+                    "delete_errors",
+                )
             except FileNotFoundError:
                 continue
             self.metrics.add("deletes")
@@ -216,7 +273,9 @@ class ObjectStorage:
         LIST (paged by the client); garbage collection's reconcile pass uses it."""
         folder = self.path(OBJECTS)
         try:
-            found = self.fs.find(folder, detail=True)
+            found = self._request(
+                lambda: self.fs.find(folder, detail=True), f"could not list {folder}", "get_errors"
+            )
         except FileNotFoundError:
             return {}
         prefix = folder.lstrip("/") + "/"
@@ -227,12 +286,30 @@ class ObjectStorage:
                 listed[f"{OBJECTS}/{name[len(prefix) :]}"] = int(info.get("size") or 0)
         return listed
 
-    def exists(self, name: str) -> bool:
-        return bool(self.fs.exists(self.path(name)))
+    def list_root(self) -> list[str]:
+        """Names directly under the root (one LIST, retried; none if the root does not
+        exist): what :func:`disklesslog.open` checks before it adopts a location."""
+        try:
+            listed = self._request(
+                lambda: self.fs.ls(self.root, detail=False),
+                f"could not list {self.url}",
+                "get_errors",
+            )
+        except FileNotFoundError:
+            return []
+        return [str(path).rstrip("/").rsplit("/", 1)[-1] for path in listed]
 
-    def read_small(self, name: str) -> bytes:
-        """A small metadata file at the root (e.g. the log marker)."""
-        return bytes(self.fs.cat_file(self.path(name)))
+    def read_small(self, name: str) -> bytes | None:
+        """A small metadata file at the root (e.g. the log marker), or None if there is
+        none. (Not ``fs.exists``: fsspec's answers False when the request fails.)"""
+        path = self.path(name)
+        try:
+            data = self._request(
+                lambda: self.fs.cat_file(path), f"could not read {path}", "get_errors"
+            )
+        except FileNotFoundError:
+            return None
+        return bytes(data)
 
     def write_small(self, name: str, data: bytes) -> None:
         self.put(name, data)
@@ -240,6 +317,25 @@ class ObjectStorage:
     def local_root(self) -> str | None:
         """The root as a local directory path, if this is the local filesystem."""
         return self._local
+
+
+_PART = r"(?!\.\.?(?:/|\Z))[^\x00-\x1f\x7f/\ud800-\udfff]+"
+_SAFE_KEY = re.compile(f"{_PART}(?:/{_PART})*")
+"""A key :meth:`ObjectStorage.path` accepts: named parts (not ``.`` or ``..``) joined by
+single slashes, no control characters or lone surrogates."""
+
+
+def _key_problem(key: object) -> str:
+    """Why :meth:`ObjectStorage.path` refused a key, in words."""
+    if not isinstance(key, str):
+        return f"it is a {type(key).__name__}, not a str"
+    if not key:
+        return "it is empty"
+    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in key):
+        return "it holds a control character"
+    if any(0xD800 <= ord(c) <= 0xDFFF for c in key):
+        return "it holds a lone surrogate"
+    return "it is not a relative path of named parts"
 
 
 def key_kind(key: str) -> str | None:

@@ -39,6 +39,7 @@ from ..errors import (
     ProducerFenced,
     SequencerConflict,
     StreamNotFound,
+    UnknownProducerState,
 )
 from ..format import EncodedBatch, restamp
 from ..sequencers.base import BatchToCommit, CommitResult
@@ -69,7 +70,8 @@ flusher uploads and commits itself instead of handing each flush to an upload th
 overlapping buys nothing there, and two thread hand-offs per flush cost a third of a
 small append's time. Slower storage (a cloud bucket) gets the pipeline."""
 RESTARTS = 3
-"""Times one flush may be restamped because its streams were deleted under it."""
+"""Times one flush may be restamped because its streams were deleted under it (and, per
+stream, because one was deleted and created again elsewhere)."""
 CONFLICT_RETRIES = 5
 """Times one flush is committed again after :class:`~disklesslog.SequencerConflict` (the
 object-store sequencer lost every race for its next entry; nothing was applied)."""
@@ -96,6 +98,8 @@ class _Pending:
     upload_error: BaseException | None = None
     uploaded_at: float = 0.0
     restarts: int = 0
+    renumbered: dict[str, int] = field(default_factory=dict)
+    """Per stream, times the flush was numbered from 0 again (:class:`UnknownProducerState`)."""
     conflicts: int = 0
 
 
@@ -116,13 +120,16 @@ class ObjectWriter(Writer):
         producer: str | None,
         max_inflight: int = DEFAULT_INFLIGHT,
     ) -> None:
-        if producer is not None and not isinstance(producer, str):
-            raise TypeError(f"producer must be a name (str) or None, not {producer!r}")
+        if producer is not None and (not isinstance(producer, str) or not producer):
+            raise ConfigError(
+                f"producer must be a name (a non-empty str) or None, not {producer!r}"
+            )
         if type(max_inflight) is not int or not 1 <= max_inflight <= MAX_INFLIGHT:
             raise ConfigError(
                 f"max_inflight must be an int in 1..{MAX_INFLIGHT}, not {max_inflight!r} "
                 "(sequencers recognise retried commits of the last five runs of batches)"
             )
+        self.check_options(linger_ms, max_object_bytes)  # before a producer is registered
         self._log = log_
         self._producer_name = producer
         self._max_inflight = max_inflight
@@ -364,6 +371,11 @@ class ObjectWriter(Writer):
                 pending.restarts += 1
                 self._recreate_missing(pending)
                 retry.append(pending)
+            elif isinstance(outcome, UnknownProducerState) and self._may_renumber(
+                pending, outcome.stream
+            ):
+                self._start_over(outcome.stream)
+                retry.append(pending)
             else:
                 self._refused(pending, outcome)
         return retry
@@ -485,9 +497,37 @@ class ObjectWriter(Writer):
                 self._known_streams.discard(stream)
                 self._log._ensure_stream(stream, self._configs.get(stream))
                 self._known_streams.add(stream)
-                with self._stamp_lock:
-                    stood = self._next.pop(stream, 0)
-                    self._sequences[stream] = self._sequences.get(stream, 0) - stood
+                self._number_from_zero(stream)
+
+    def _may_renumber(self, pending: _Pending, stream: str) -> bool:
+        """Whether the flush may be numbered from 0 again on ``stream`` (bounded, so a
+        stream re-created over and over under the writer fails the flush at last)."""
+        if stream not in pending.counts:
+            return False  # not this flush's stream: the refusal is not understood
+        times = pending.renumbered.get(stream, 0)
+        pending.renumbered[stream] = times + 1
+        return times < RESTARTS
+
+    def _start_over(self, stream: str) -> None:
+        """The sequencer has no sequence numbers of this producer on ``stream``: another
+        process deleted it and created it again since this writer last stored records
+        there. None of this writer's records can be in the new stream, so it is numbered
+        from 0 again (the refused flush and those behind it are restamped; nothing can be
+        taken for a duplicate). The new stream's settings replace the cached ones, for
+        the appends from now on (flushes encoded already keep theirs: readable alike)."""
+        self._number_from_zero(stream)
+        self._configs.pop(stream, None)
+        try:
+            self._log._current_config(stream)
+        except StreamNotFound:
+            self._known_streams.discard(stream)  # gone again: the next commit says so
+
+    def _number_from_zero(self, stream: str) -> None:
+        """Forget what the sequencer expected on ``stream`` (a new stream expects 0); the
+        flusher's counter keeps only the flushes not yet stored, which are restamped."""
+        with self._stamp_lock:
+            stood = self._next.pop(stream, 0)
+            self._sequences[stream] = self._sequences.get(stream, 0) - stood
 
     def _outcome_unknown(self, ready: list[_Pending], exc: _Unknown) -> None:
         """Gave up on a group without knowing whether it landed: fail its flushes and

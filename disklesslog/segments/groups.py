@@ -2,7 +2,8 @@
 
 ::
 
-    <log>/groups/<group>.json   {"version": 1, "group": ..., "offsets": {stream: offset}}
+    <log>/groups/<group>.json   {"version": 2, "group": ..., "offsets": {stream: offset}}
+                                and a checksum trailer (version 1 had none)
     <log>/groups/<group>.lock   flock'ed while a commit reads, merges and replaces the file
 
 Group names are validated (the stream-name rule) before they get here, so a group file
@@ -14,18 +15,18 @@ take no lock) see either the old or the new offsets, never a torn file.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 from ..errors import CorruptDataError
-from .layout import flocked, write_durably
+from .layout import decode_json, flocked, write_json
 
 __all__ = ["GROUPS", "commit_offsets", "committed_offsets", "forget_stream", "group_path"]
 
 GROUPS = "groups"
-_VERSION = 1
+_VERSION = 2
+_READABLE = (1, _VERSION)
 
 
 def group_path(root: Path, group: str) -> Path:
@@ -89,23 +90,25 @@ def _update(
             "group": group,
             "offsets": dict(sorted(change(current).items())),
         }
-        write_durably(root, path, json.dumps(content, indent=1).encode() + b"\n", sync=sync)
+        write_json(root, path, content, sync=sync, indent=1)
 
 
 def _decode(raw: bytes, path: Path, group: str) -> dict[str, int]:
-    try:
-        content: Any = json.loads(raw)
-    except ValueError as exc:
-        raise CorruptDataError(f"unreadable consumer group file: {exc}", source=str(path)) from None
-    if not isinstance(content, dict) or content.get("version") != _VERSION:
-        raise CorruptDataError("not a version 1 consumer group file", source=str(path))
+    content: Any
+    content, checked = decode_json(raw, str(path), what="consumer group file")
+    version = content.get("version") if isinstance(content, dict) else None
+    if version not in _READABLE or (version == _VERSION and not checked):
+        raise CorruptDataError(
+            f"not a version {_VERSION} consumer group file with its checksum (nor version 1)",
+            source=str(path),
+        )
     offsets = content.get("offsets")
     if content.get("group") != group or not isinstance(offsets, dict):
         raise CorruptDataError(
             f"consumer group file does not hold group {group!r}'s offsets", source=str(path)
         )
     for stream, offset in offsets.items():
-        if type(offset) is not int or offset < 0:
+        if type(stream) is not str or type(offset) is not int or offset < 0:
             raise CorruptDataError(
                 f"invalid offset {offset!r} for stream {stream!r}", source=str(path)
             )

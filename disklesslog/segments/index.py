@@ -1,9 +1,14 @@
 """Sparse indexes beside a segment: offset -> file position, and timestamp -> offset.
 
-Both are append-only files of fixed-size little-endian entries with strictly
-increasing keys (Kafka's ``.index``/``.timeindex`` idea). They carry no checksum:
-they are hints, validated when loaded and rebuilt from the segment when they are
-missing, short or inconsistent, and recovery truncates them with the segment.
+Both are files of fixed-size little-endian entries with strictly increasing keys
+(Kafka's ``.index``/``.timeindex`` idea) after a 16-byte header: a magic, the number of
+entries, the CRC-32C of the entries and the header's own CRC-32C (``docs/format.md``
+2.4). Appending writes the entry, then the header. The count makes a file cut short
+detectable (a ``.timeindex`` missing its last entries would give a closed segment too
+low a max timestamp, and time lookups a later offset); the checksum makes a damaged
+entry detectable. They are hints: a file that is missing, fails its checks, is
+inconsistent or has no header (written by version 1) is rebuilt from the segment, and
+recovery truncates them with the segment.
 """
 
 from __future__ import annotations
@@ -16,7 +21,9 @@ from itertools import islice
 from operator import le, lt
 from pathlib import Path
 
-__all__ = ["OFFSET_ENTRY", "TIME_ENTRY", "SparseIndex"]
+from ..format import crc32c
+
+__all__ = ["HEADER", "OFFSET_ENTRY", "TIME_ENTRY", "SparseIndex"]
 
 OFFSET_ENTRY = struct.Struct("<II")
 """relative offset (u32), file position (u32) of the first byte of a segment entry."""
@@ -24,21 +31,36 @@ OFFSET_ENTRY = struct.Struct("<II")
 TIME_ENTRY = struct.Struct("<qI")
 """max timestamp so far (i64 ms), relative offset (u32) of the entry that reached it."""
 
+HEADER = struct.Struct("<4sIII")
+"""magic, entry count (u32), CRC-32C of the entries (u32), CRC-32C of bytes 0..12 (u32)."""
+
+_HEAD = struct.Struct("<4sII")  # the header's bytes 0..12
+_U32 = struct.Struct("<I")
+_MAGICS = {OFFSET_ENTRY.format: b"DLXO", TIME_ENTRY.format: b"DLXT"}
 _TYPECODES = {OFFSET_ENTRY.format: ("I", "I"), TIME_ENTRY.format: ("q", "I")}
 
 
 class SparseIndex:
-    """An in-memory copy of one index file, kept in step with the file on disk."""
+    """An in-memory copy of one index file, kept in step with the file on disk.
 
-    __slots__ = ("_entry", "_file_length", "keys", "path", "values")
+    ``_disk`` is how many of the file's entries the memory holds (a prefix: a reader
+    in another process leaves entries for data it has not seen yet), ``_disk_crc`` their
+    CRC-32C, which the next entries' checksum continues.
+    """
+
+    __slots__ = ("_disk", "_disk_crc", "_entry", "_magic", "keys", "path", "tidy", "values")
 
     def __init__(self, path: Path, entry: struct.Struct) -> None:
         self.path = path
         self._entry = entry
+        self._magic = _MAGICS[entry.format]
         key_code, value_code = _TYPECODES[entry.format]
         self.keys = array(key_code)
         self.values = array(value_code)
-        self._file_length = 0
+        self._disk = 0
+        self._disk_crc = 0
+        self.tidy = True
+        """Whether the last :meth:`load` found nothing after the counted entries."""
 
     def __len__(self) -> int:
         return len(self.keys)
@@ -64,44 +86,81 @@ class SparseIndex:
     # -------------------------------------------------------------- file sync
 
     def load(self, *, max_key: int, max_value: int, strict: bool = True) -> bool:
-        """Read the whole file; return False if it is inconsistent.
+        """Read the whole file; return False if it fails its checks or is inconsistent.
 
-        Consistent means: strictly increasing keys and non-decreasing values, and (when
-        ``strict``) every entry within ``max_key``/``max_value``. Without ``strict``,
-        entries past the bounds describe data this process has not seen yet: they are
-        left for :meth:`refresh`. A partial trailing entry is ignored.
+        A missing file holds no entries. Otherwise the header must be valid, the file
+        must hold the ``count`` entries it names with their checksum, the keys must
+        strictly increase and the values never decrease, and (when ``strict``) the file
+        must hold nothing more and every entry be within ``max_key``/``max_value``.
+        Without ``strict`` (an active segment's index, being appended to), bytes after
+        the counted entries are an entry whose header is not written yet, and entries
+        past the bounds describe data this process has not seen yet: both are left for
+        :meth:`refresh`.
         """
         self.clear()
-        self._file_length = 0
+        self.tidy = True
         try:
             with open(self.path, "rb") as f:
                 data = f.read()
         except FileNotFoundError:
             return True
-        usable = len(data) - len(data) % self._entry.size
-        consistent = self._extend(data, max_key=max_key, max_value=max_value)
-        return consistent and (not strict or self._file_length == usable)
+        header = self._header(data)
+        if header is None:
+            return False
+        count, crc = header
+        end = HEADER.size + count * self._entry.size
+        self.tidy = len(data) == end
+        if len(data) < end or (strict and not self.tidy):
+            return False
+        entries = memoryview(data)[HEADER.size : end]
+        if crc32c(entries) != crc:
+            return False
+        consistent = self._extend(entries, max_key=max_key, max_value=max_value)
+        return consistent and (not strict or self._disk == count)
 
     def refresh(self, *, max_key: int, max_value: int) -> bool:
         """Read entries another process appended since the last load or refresh.
 
         Entries beyond ``max_key``/``max_value`` describe data this process has not
-        seen yet; they are left for a later refresh. Returns False if inconsistent.
+        seen yet; they are left for a later refresh. Returns False if the file fails its
+        checks or is inconsistent (rewritten by a recovery meanwhile: the memory, only
+        hints, stays as it is).
         """
         try:
-            with open(self.path, "rb") as f:
-                f.seek(self._file_length)
-                data = f.read()
+            fd = os.open(self.path, os.O_RDONLY)
         except FileNotFoundError:
             return not self.keys
+        try:
+            header = self._header(os.pread(fd, HEADER.size, 0))
+            if header is None or header[0] < self._disk:
+                return False
+            count, crc = header
+            size = (count - self._disk) * self._entry.size
+            data = os.pread(fd, size, HEADER.size + self._disk * self._entry.size)
+        finally:
+            os.close(fd)
+        if len(data) != size or crc32c(data, self._disk_crc) != crc:
+            return False
         return self._extend(data, max_key=max_key, max_value=max_value)
 
-    def _extend(self, data: bytes, *, max_key: int, max_value: int) -> bool:
+    def _header(self, data: bytes) -> tuple[int, int] | None:
+        """``(count, entries CRC)`` from a valid header at the start of ``data``."""
+        if len(data) < HEADER.size:
+            return None
+        magic, count, crc, header_crc = HEADER.unpack_from(data)
+        if magic != self._magic or header_crc != crc32c(memoryview(data)[: HEADER.size - 4]):
+            return None
+        return count, crc
+
+    def _pack_header(self, count: int, crc: int) -> bytes:
+        head = _HEAD.pack(self._magic, count, crc)
+        return head + _U32.pack(crc32c(head))
+
+    def _extend(self, data: bytes | memoryview, *, max_key: int, max_value: int) -> bool:
         size = self._entry.size
-        usable = len(data) - len(data) % size
-        if not usable:
+        if not len(data):
             return True
-        pairs = list(self._entry.iter_unpack(memoryview(data)[:usable]))
+        pairs = list(self._entry.iter_unpack(data))
         keys = array(self.keys.typecode, [pair[0] for pair in pairs])
         values = array(self.values.typecode, [pair[1] for pair in pairs])
         if (
@@ -114,29 +173,36 @@ class SparseIndex:
         keep = min(bisect_right(keys, max_key), bisect_right(values, max_value))
         self.keys.extend(keys[:keep])
         self.values.extend(values[:keep])
-        self._file_length += keep * size
+        self._disk += keep
+        self._disk_crc = crc32c(data[: keep * size], self._disk_crc)
         return True
 
     def append(self, key: int, value: int, *, persist: bool = True) -> None:
-        """Add an entry in memory and (unless ``persist=False``) at the end of the file."""
+        """Add an entry in memory and (unless ``persist=False``) to the file: the entry
+        at its end, then the header counting it."""
         self.keys.append(key)
         self.values.append(value)
         if not persist:
             return
-        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        if len(self.keys) != self._disk + 1:  # entries held in memory only: write them all
+            self.rewrite()
+            return
+        # The caller holds the stream lock, so memory is authoritative: the entry goes
+        # right after the counted ones (over a torn one a crash left there). Should the
+        # file differ from memory anyway, its checksum tells the next load.
+        entry = self._entry.pack(key, value)
+        crc = crc32c(entry, self._disk_crc)
+        fd = os.open(self.path, os.O_WRONLY | os.O_CREAT, 0o644)
         try:
-            if os.fstat(fd).st_size != self._file_length:
-                # A torn entry from a crash, or entries dropped in memory: the caller holds
-                # the stream lock, so memory is authoritative.
-                os.close(fd)
-                fd = -1
-                self.rewrite()
-                return
-            os.write(fd, self._entry.pack(key, value))
+            if self._disk:
+                os.pwrite(fd, entry, HEADER.size + self._disk * self._entry.size)
+                os.pwrite(fd, self._pack_header(self._disk + 1, crc), 0)
+            else:
+                os.pwrite(fd, self._pack_header(1, crc) + entry, 0)
         finally:
-            if fd >= 0:
-                os.close(fd)
-        self._file_length += self._entry.size
+            os.close(fd)
+        self._disk += 1
+        self._disk_crc = crc
 
     def truncate(self, keep: int) -> None:
         """Keep only the first ``keep`` entries, in memory and on disk."""
@@ -149,21 +215,25 @@ class SparseIndex:
 
         Written in place and then cut to length, not truncated to zero first: ext4
         flushes files truncated to zero and rewritten (``auto_da_alloc``), which costs
-        milliseconds per index.
+        milliseconds per index. A reader meeting it half-written sees a bad checksum.
         """
-        data = b"".join(self._entry.pack(k, v) for k, v in zip(self.keys, self.values))
+        entries = b"".join(self._entry.pack(k, v) for k, v in zip(self.keys, self.values))
+        crc = crc32c(entries)
+        data = self._pack_header(len(self.keys), crc) + entries
         fd = os.open(self.path, os.O_WRONLY | os.O_CREAT, 0o644)
         try:
             os.pwrite(fd, data, 0)
             os.ftruncate(fd, len(data))
         finally:
             os.close(fd)
-        self._file_length = len(data)
+        self._disk, self._disk_crc = len(self.keys), crc
+        self.tidy = True
 
     def clear(self) -> None:
         """Forget the in-memory entries (the file is untouched)."""
         self.keys = array(self.keys.typecode)
         self.values = array(self.values.typecode)
+        self._disk, self._disk_crc = 0, 0
 
     def fsync(self) -> None:
         try:

@@ -5,20 +5,34 @@
     <log>/disklesslog.json              marks the directory as a log (format + version)
     <log>/streams/<name>/stream.json    the stream's StreamConfig, written once
     <log>/streams/<name>/stream.state   48-byte state record; also the stream's lock file
+    <log>/streams/<name>/stream.state.copy   its copy, rewritten when the segments or the
+                                        start offset change (so one damaged file cannot
+                                        lose the start offset)
     <log>/streams/<name>/<20 digits>.log / .index / .timeindex   one segment
+    <log>/streams/<name>/<20 digits>.lost   an accepted loss: that (empty) segment's
+                                        offsets were lost, and an operator accepted it
     <log>/streams/<name>/cleaner.*      key compaction: lock, checkpoint, intent, staging
     <log>/tmp/                          staging for atomic stream creation and deletion
     <log>/groups/                       reserved for consumer-group offsets
 
 Stream names are validated before they get here, so ``streams/<name>`` never leaves
 the log directory.
+
+Every small file the backend trusts later carries a CRC-32C: the state record (and its
+copy) and the cleaner checkpoint in their own binary layouts, the JSON files (marker,
+``stream.json``, consumer groups, the compaction intent, ``tier.json``, transaction
+files, ``.lost`` markers) in one trailer line written and checked by
+:func:`encode_json` / :func:`decode_json` (``docs/format.md`` 2.10).
 """
 
 from __future__ import annotations
 
 import contextlib
 import fcntl
+import json
+import logging
 import os
+import re
 import shutil
 import struct
 import threading
@@ -27,22 +41,32 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from ..errors import InvalidURL
+from ..errors import CorruptDataError, InvalidURL
 from ..format import crc32c
-from ..markers import MARKER, check_marker, marker_bytes
+from ..markers import MARKER, check_marker
+
+log = logging.getLogger("disklesslog")
 
 KIND = "disklesslog-segments"
-VERSION = 1
+VERSION = 2
+"""Version 2 added checksums to every small file (and ``.lost`` markers, the state
+record's copy); version 1 directories are read, and upgraded when first opened."""
+READABLE_VERSIONS = (1, 2)
 STREAMS = "streams"
 TMP = "tmp"
 CONFIG = "stream.json"
 STATE = "stream.state"
+STATE_COPY = "stream.state.copy"
 LOG_SUFFIX = ".log"
 INDEX_SUFFIX = ".index"
 TIMEINDEX_SUFFIX = ".timeindex"
+LOST_SUFFIX = ".lost"
 SEGMENT_SUFFIXES = (LOG_SUFFIX, INDEX_SUFFIX, TIMEINDEX_SUFFIX)
 """A segment's files, in the order a compaction swap renames them into place."""
+SEGMENT_FILES = (*SEGMENT_SUFFIXES, LOST_SUFFIX)
+"""Every file that goes when a segment is deleted."""
 CLEANER_LOCK = "cleaner.lock"
 CHECKPOINT = "cleaner.checkpoint"
 INTENT = "cleaner.intent"
@@ -57,6 +81,10 @@ _STATE_MAGIC = b"DLST"
 FLAG_DELETED = 1
 FLAG_SWAPPING = 2
 """A compaction swap is replacing closed segments: lock-free readers wait for the lock."""
+FLAG_UNSYNCED = 4
+"""The recovery point was moved without syncing the data before it (fsync "never"): an
+active segment found shorter than it lost what that policy may lose in an OS crash,
+rather than data storage had made durable (``docs/format.md`` 2.6)."""
 
 
 def segment_name(base_offset: int, suffix: str) -> str:
@@ -132,13 +160,80 @@ class StreamState:
         return cls(generation, start, active, rec_offset, rec_pos, flags)
 
 
+def read_state_copy(stream_dir: Path) -> tuple[StreamState | None, bool]:
+    """The state record's copy, and whether the file exists (a missing copy is a stream
+    written by version 1; an existing one that does not decode is damaged)."""
+    try:
+        raw = (stream_dir / STATE_COPY).read_bytes()
+    except FileNotFoundError:
+        return None, False
+    return StreamState.decode(raw), True
+
+
+def write_state_copy(stream_dir: Path, state: StreamState, *, sync: bool) -> None:
+    """Overwrite the copy of the state record in place (48 bytes, one ``pwrite``: a torn
+    write fails its CRC and is repaired from ``stream.state`` by recovery)."""
+    fd = os.open(stream_dir / STATE_COPY, os.O_WRONLY | os.O_CREAT, 0o644)
+    try:
+        os.pwrite(fd, state.encode(), 0)
+        if sync:
+            os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+# --------------------------------------------------------------- checksummed JSON
+
+_TRAILER = re.compile(rb"#crc32c:([0-9a-f]{8})\n\Z")
+_TRAILER_SIZE = len(b"#crc32c:00000000\n")
+
+
+def encode_json(content: Any, *, indent: int | None = None) -> bytes:
+    """``content`` as a checksummed JSON file: the JSON text and a newline, then the
+    trailer line ``#crc32c:<8 lowercase hex>``, the CRC-32C of every byte before it."""
+    separators = None if indent is not None else (",", ":")
+    body = json.dumps(content, indent=indent, separators=separators).encode() + b"\n"
+    return body + b"#crc32c:%08x\n" % crc32c(body)
+
+
+def decode_json(raw: bytes, source: str, *, what: str) -> tuple[Any, bool]:
+    """Parse a JSON file written by :func:`encode_json` (checked against its trailer) or
+    by version 1 (no trailer, parsed as before). Returns the content and whether it was
+    checksummed: a caller refuses an unchecked file whose own version says it was
+    written with the trailer. A bad checksum or unparsable text is
+    :class:`CorruptDataError` naming ``source`` (``what`` says what the file is)."""
+    match = _TRAILER.search(raw, max(0, len(raw) - _TRAILER_SIZE))
+    body = raw
+    if match is not None:
+        body = raw[: match.start()]
+        if int(match.group(1), 16) != crc32c(body):
+            raise CorruptDataError(f"{what} fails its CRC-32C", source=source)
+    try:
+        return json.loads(body), match is not None
+    except (ValueError, RecursionError) as exc:  # also bad UTF-8, absurd nesting
+        raise CorruptDataError(f"unreadable {what}: {exc!r}", source=source) from None
+
+
+def read_json(path: Path, *, what: str) -> tuple[Any, bool] | None:
+    """:func:`decode_json` of the file at ``path``; ``None`` if there is none (also when
+    a component of ``path`` is a file: then there is no log there at all)."""
+    try:
+        raw = path.read_bytes()
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    return decode_json(raw, str(path), what=what)
+
+
+# ------------------------------------------------------------------- the marker
+
+
 def write_marker(root: Path) -> None:
     (root / STREAMS).mkdir(parents=True, exist_ok=True)
     (root / TMP).mkdir(exist_ok=True)
     marker = root / MARKER
     if not marker.exists():
         tmp = root / TMP / f"{MARKER}.{os.getpid()}.{threading.get_ident()}"
-        tmp.write_bytes(marker_bytes(KIND, VERSION))
+        tmp.write_bytes(encode_json({"format": KIND, "version": VERSION}))
         os.replace(tmp, marker)
 
 
@@ -165,9 +260,27 @@ def check_log_directory(root: Path, *, create: bool) -> None:
             raise InvalidURL(f"{root} is not a log: it {what} (opened with create=False)")
         root.mkdir(parents=True, exist_ok=True)
         write_marker(root)
-    check_marker(marker.read_bytes(), kind=KIND, version=VERSION, where=str(root))
+    _check_marker(root, marker)
     (root / STREAMS).mkdir(exist_ok=True)
     (root / TMP).mkdir(exist_ok=True)
+
+
+def _check_marker(root: Path, marker: Path) -> None:
+    """Check the marker names a log this version reads; upgrade a version 1 log to
+    version 2 (the first open by this version), so older versions refuse it from then
+    on instead of misreading its checksummed files."""
+    try:
+        content, checked = decode_json(marker.read_bytes(), str(marker), what="log marker")
+    except CorruptDataError as exc:
+        raise InvalidURL(f"{marker} is unreadable: {exc.reason}") from None
+    found = content.get("version") if isinstance(content, dict) else None
+    version = found if found in READABLE_VERSIONS else VERSION
+    check_marker(json.dumps(content).encode(), kind=KIND, version=version, where=str(root))
+    if version < VERSION:
+        log.warning("%s: upgrading the log from version %d to %d", root, version, VERSION)
+        write_durably(root, marker, encode_json({"format": KIND, "version": VERSION}), sync=True)
+    elif not checked:
+        raise InvalidURL(f"{marker} has no checksum, which version {VERSION} requires")
 
 
 STAGING_GRACE_SECONDS = 3600
@@ -218,6 +331,14 @@ def write_durably(root: Path, path: Path, data: bytes, *, sync: bool) -> None:
             os.unlink(draft)
     if sync:
         fsync_directory(path.parent)
+
+
+def write_json(
+    root: Path, path: Path, content: Any, *, sync: bool, indent: int | None = None
+) -> None:
+    """Replace ``path`` with ``content`` as checksummed JSON (:func:`encode_json`), by
+    :func:`write_durably`: every JSON file the backend replaces goes through here."""
+    write_durably(root, path, encode_json(content, indent=indent), sync=sync)
 
 
 @contextlib.contextmanager

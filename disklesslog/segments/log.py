@@ -21,7 +21,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import functools
-import json
 import os
 import shutil
 import threading
@@ -29,6 +28,7 @@ import time
 import uuid
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -38,6 +38,7 @@ from ..api import (
     StreamInfo,
     check_offset,
     check_read_arguments,
+    check_timestamp,
     validate_group_name,
     validate_stream_name,
 )
@@ -45,16 +46,18 @@ from ..config import StreamConfig, require_keys
 from ..errors import (
     ConfigError,
     CorruptDataError,
+    DisklessLogError,
     OffsetOutOfRange,
     StreamExistsError,
     StreamNotFound,
 )
-from ..format import EncodedBatch, encode_batch_borrowed, encode_record
+from ..format import EncodedBatch, as_column, encode_batch_borrowed, encode_record
 from ..maintenance.compaction import DEFAULT_MAX_KEYS, require_compacted
 from ..maintenance.grace import resolve_grace
 from ..maintenance.report import MaintenanceReport, Progress
 from ..maintenance.retention import Unit
 from ..metrics import Metrics
+from ..oserrors import as_storage_error, typed_os_errors
 from ..projection import COLUMNS, OFFSETS, Part, Projection
 from ..records import RecordBatch, limit_records
 from ..sequencers.base import TransactionResult
@@ -66,19 +69,22 @@ from .layout import (
     CONFIG,
     LOG_SUFFIX,
     STATE,
+    STATE_COPY,
     STREAMS,
     TMP,
     StreamState,
     check_log_directory,
     clean_staging,
+    encode_json,
     fsync_directory,
+    read_json,
     segment_name,
-    write_durably,
+    write_json,
 )
 from .manifest import ManifestCache
-from .store import FSYNC_POLICIES, StreamGone, StreamStore
+from .store import FSYNC_POLICIES, Repair, StreamGone, StreamStore, flag_deleted
 from .tier import CONFIG_FILE as TIER_CONFIG
-from .tier import Tier, configure_tier
+from .tier import Tier, check_tier, configure_tier
 from .tiered import TieredReader, local_units, make_view
 from .transactions import SegmentStager
 
@@ -86,7 +92,8 @@ __all__ = ["SegmentLog", "SegmentStream"]
 
 T = TypeVar("T")
 
-_CONFIG_VERSION = 1
+_CONFIG_VERSION = 2
+"""``stream.json`` version 2 is version 1's content with a checksum (layout.encode_json)."""
 _GONE_RETRIES = 20
 DEFAULT_LINGER_MS = 5
 DEFAULT_MAX_BUFFER_BYTES = 8 << 20
@@ -94,6 +101,7 @@ TIER_RECHECK_SECONDS = 1.0
 """How often a log opened without a tier looks whether another process gave it one."""
 
 
+@typed_os_errors()
 class SegmentLog(AbstractLog):
     """A log of streams stored as segment files in a local directory.
 
@@ -125,6 +133,7 @@ class SegmentLog(AbstractLog):
             raise ConfigError(f"cleaner_max_keys must be a positive int, not {cleaner_max_keys!r}")
         self._cleaner_max_keys = cleaner_max_keys
         self._defaults = StreamConfig.from_dict(stream_defaults)
+        check_tier(root, tier_url, tier_storage_options, Metrics(), sync=False)  # creates nothing
         check_log_directory(root, create=create)
         clean_staging(root)
         self.path = root
@@ -196,21 +205,32 @@ class SegmentLog(AbstractLog):
         self._check_open()
         validate_stream_name(name)
         directory = self._stream_dir(name)
+        sync = self._fsync != "never"
         try:
             store = self._store(name, create=False)
         except StreamNotFound:
             raise StreamNotFound(f"stream {name!r} does not exist in {self.url}") from None
-        store.mark_deleted()
-        self._forget(name, store)
-        groups.forget_stream(self.path, name, sync=self._fsync != "never")
+        except CorruptDataError:  # damaged beyond recovery: deleting it is still allowed
+            if not flag_deleted(directory, sync=sync):
+                raise StreamNotFound(f"stream {name!r} does not exist in {self.url}") from None
+        else:
+            store.mark_deleted()
+            self._forget(name, store)
+        damaged_group: CorruptDataError | None = None
+        try:
+            groups.forget_stream(self.path, name, sync=sync)
+        except CorruptDataError as exc:  # the stream goes anyway; the caller hears of it
+            damaged_group = exc
         graveyard = self.path / TMP / f"deleted-{uuid.uuid4().hex}"
         try:
             os.rename(directory, graveyard)
         except FileNotFoundError:
             return  # deleted concurrently
         shutil.rmtree(graveyard, ignore_errors=True)
-        if self._fsync != "never":
+        if sync:
             fsync_directory(self.path / STREAMS)
+        if damaged_group is not None:
+            raise damaged_group
 
     def commit_offsets(self, group: str, offsets: Mapping[str, int]) -> None:
         """Store ``group``'s next offset to read for each stream in ``offsets``, merged
@@ -247,6 +267,59 @@ class SegmentLog(AbstractLog):
 
     # ---------------------------------------------------------- maintenance
 
+    def repair(
+        self, stream: str, *, accept_data_loss: bool = False, start_offset: int | None = None
+    ) -> MaintenanceReport:
+        """Recover ``stream`` past damage that recovery refuses to decide about alone
+        (``docs/operations.md``, "Damage and repair"); it runs now, in this process.
+
+        ``accept_data_loss=True``: the active segment lost records that were
+        acknowledged (reads and appends raise :class:`~disklesslog.DataLossError`
+        naming the file and the offsets). What is left stays; the lost offsets become
+        a gap that reads skip (an empty segment with a ``.lost`` marker recording the
+        decision), and appends go on after it: those offsets are never handed out again.
+
+        ``start_offset=N``: ``stream.state`` and its copy are both unreadable
+        (:class:`~disklesslog.CorruptDataError` says so): the stream starts at ``N``
+        (at least its oldest segment's base). Records below it stay invisible.
+
+        Without either, or with nothing to repair, this is the recovery any open runs.
+        The report's ``actions`` say what was repaired.
+        """
+        self._check_open()
+        validate_stream_name(stream)
+        if type(accept_data_loss) is not bool:
+            raise ConfigError(f"accept_data_loss must be a bool, not {accept_data_loss!r}")
+        if start_offset is not None:
+            check_offset(start_offset, "start_offset")
+        report = MaintenanceReport("repair", streams=1)
+        with self._lock:
+            old = self._stores.pop(stream, None)
+            if old is not None:
+                self._retire(old)
+        if old is not None:
+            old.close()
+        config = self._read_config(stream)
+        try:
+            store = StreamStore(
+                self._stream_dir(stream),
+                stream,
+                config,
+                self._fsync,
+                self._metrics,
+                hold=self._held,
+                repair=Repair(accept_data_loss, start_offset),
+            )
+        except StreamGone:
+            raise StreamNotFound(f"stream {stream!r} does not exist in {self.url}") from None
+        report.actions.extend(store.repairs)
+        if not store.repairs:
+            report.skipped.append(f"{stream}: nothing to repair")
+        with self._lock:
+            if self._closed or self._stores.setdefault(stream, store) is not store:
+                store.close()
+        return report
+
     def compact(
         self,
         stream: str | None = None,
@@ -263,7 +336,7 @@ class SegmentLog(AbstractLog):
         stream: :class:`CorruptDataError` for a named stream, a skipped line otherwise."""
         self._check_open()
         report = MaintenanceReport("compaction", dry_run=dry_run)
-        now = int(time.time() * 1000) if now_ms is None else now_ms
+        now = int(time.time() * 1000) if now_ms is None else check_timestamp(now_ms, "now_ms")
         if stream is not None:
             require_compacted(stream, self._read_config(validate_stream_name(stream)))
         names = [stream] if stream is not None else self.streams()
@@ -358,6 +431,8 @@ class SegmentLog(AbstractLog):
         ``local_retention_ms``/``local_retention_bytes``; reads fall through to the tier.
         See :mod:`disklesslog.segments.tiering`."""
         self._check_open()
+        names = [validate_stream_name(stream)] if stream is not None else None
+        now = int(time.time() * 1000) if now_ms is None else check_timestamp(now_ms, "now_ms")
         report = MaintenanceReport("tiering", dry_run=dry_run)
         tiered = self._tiered_reader(required=False)
         if tiered is None:
@@ -367,8 +442,7 @@ class SegmentLog(AbstractLog):
             )
             return report
         tiered.tier.check_owner(tiered.tier.log_id, claim=True)
-        names = [validate_stream_name(stream)] if stream is not None else self.streams()
-        now = int(time.time() * 1000) if now_ms is None else now_ms
+        names = self.streams() if names is None else names
         tally = tiering.Tally(progress)
         for name in names:
             report.streams += 1
@@ -459,8 +533,14 @@ class SegmentLog(AbstractLog):
             stores, self._stores = list(self._stores.values()), {}
             for store in stores:
                 self._retire(store)
-        for store in stores:
-            store.close()
+        failed: list[Exception] = []
+        for store in stores:  # every store releases its files, whatever the others met
+            try:
+                store.close()
+            except Exception as exc:  # damage found while syncing: reported after
+                failed.append(exc)
+        if failed:
+            raise failed[0]
 
     def metrics(self) -> dict[str, float]:
         """Appended batches, records and bytes; read batches; fsyncs, segment rolls and
@@ -482,14 +562,15 @@ class SegmentLog(AbstractLog):
 
     def _read_config(self, name: str) -> StreamConfig:
         path = self._stream_dir(name) / CONFIG
-        try:
-            content = json.loads(path.read_text())
-        except FileNotFoundError:
-            raise StreamNotFound(f"stream {name!r} does not exist in {self.url}") from None
-        except (OSError, ValueError) as exc:
-            raise CorruptDataError(f"unreadable stream config: {exc}", source=str(path)) from None
-        if not isinstance(content, dict) or content.get("version") != _CONFIG_VERSION:
+        found = read_json(path, what="stream config")
+        if found is None:
+            raise StreamNotFound(f"stream {name!r} does not exist in {self.url}")
+        content, checked = found
+        version = content.get("version") if isinstance(content, dict) else None
+        if version not in (1, _CONFIG_VERSION) or not isinstance(content, dict):
             raise CorruptDataError("unknown stream config version", source=str(path))
+        if version == _CONFIG_VERSION and not checked:
+            raise CorruptDataError("stream config has no checksum", source=str(path))
         try:
             return StreamConfig.from_dict(content.get("config", {}))
         except ConfigError as exc:
@@ -511,14 +592,14 @@ class SegmentLog(AbstractLog):
         return self._with_store(name, alter, create=False)
 
     def _write_config(self, directory: Path, config: StreamConfig, *, replace: bool) -> None:
-        """Write ``stream.json`` (by :func:`write_durably` when it replaces one, so
-        readers see the old or the new file, never a torn one)."""
-        text = json.dumps({"version": _CONFIG_VERSION, "config": config.to_dict()}, indent=1)
+        """Write ``stream.json``, checksummed (by :func:`write_json` when it replaces one,
+        so readers see the old or the new file, never a torn one)."""
+        content = {"version": _CONFIG_VERSION, "config": config.to_dict()}
         target = directory / CONFIG
         if not replace:
-            target.write_text(text)
+            target.write_bytes(encode_json(content, indent=1))
             return
-        write_durably(self.path, target, text.encode(), sync=self._fsync != "never")
+        write_json(self.path, target, content, sync=self._fsync != "never", indent=1)
 
     def _create_directory(self, name: str, config: StreamConfig) -> None:
         """Create a stream atomically: build it in ``tmp/`` and rename it into place.
@@ -531,6 +612,7 @@ class SegmentLog(AbstractLog):
         try:
             self._write_config(staging, config, replace=False)
             (staging / STATE).write_bytes(StreamState().encode())
+            (staging / STATE_COPY).write_bytes(StreamState().encode())
             (staging / segment_name(0, LOG_SUFFIX)).touch()
             if self._fsync != "never":
                 for child in staging.iterdir():
@@ -548,7 +630,16 @@ class SegmentLog(AbstractLog):
         finally:
             shutil.rmtree(staging, ignore_errors=True)
 
-    def _store(self, name: str, *, create: bool) -> StreamStore:
+    def _store(
+        self,
+        name: str,
+        *,
+        create: bool,
+        check: Callable[[StreamConfig], object] | None = None,
+    ) -> StreamStore:
+        """The stream's store, opened on first use. With ``create`` a missing stream is
+        created with the defaults, after ``check(defaults)`` (a first append checks its
+        records, so one that is refused leaves no stream behind)."""
         store = self._stores.get(name)  # the hot path: a dict read is atomic
         if store is not None:
             return store
@@ -556,6 +647,8 @@ class SegmentLog(AbstractLog):
         if not self._stream_dir(name).exists():
             if not create:
                 raise StreamNotFound(f"stream {name!r} does not exist in {self.url}")
+            if check is not None:
+                check(self._defaults)
             self._create_directory(name, self._defaults)
         config = self._read_config(name)
         store = StreamStore(
@@ -583,12 +676,19 @@ class SegmentLog(AbstractLog):
         self._retired[1] += store.appended_records
         self._retired[2] += store.appended_bytes
 
-    def _with_store(self, name: str, action: Callable[[StreamStore], T], *, create: bool) -> T:
+    def _with_store(
+        self,
+        name: str,
+        action: Callable[[StreamStore], T],
+        *,
+        create: bool,
+        check: Callable[[StreamConfig], object] | None = None,
+    ) -> T:
         """Run ``action`` on the stream's store, reopening it if the stream was deleted
-        and (for writes) recreated under us."""
+        and (for writes) recreated under us (``check``: see :meth:`_store`)."""
         for attempt in range(_GONE_RETRIES):
             try:
-                store = self._store(name, create=create)
+                store = self._store(name, create=create, check=check)
             except StreamGone:
                 time.sleep(0.001 * attempt)
                 continue
@@ -608,6 +708,10 @@ class SegmentLog(AbstractLog):
                     store.sync()
 
 
+@typed_os_errors(
+    iterators=("read_batches", "read_offsets"),
+    also=("_retention_units", "_trim_for_retention"),
+)
 class SegmentStream(Stream):
     """A stream of a :class:`SegmentLog`."""
 
@@ -627,7 +731,8 @@ class SegmentStream(Stream):
             except StreamGone:
                 pass
         append = functools.partial(_append_record, value, key, headers, timestamp)
-        return self._log._with_store(self._name, append, create=True)
+        check = functools.partial(_encode_record, value, key, headers, timestamp, self._name)
+        return self._log._with_store(self._name, append, create=True, check=check)
 
     def append_batch(
         self,
@@ -639,14 +744,13 @@ class SegmentStream(Stream):
     ) -> list[int]:
         # Columns are walked once per attempt (an attempt is retried if the stream is
         # deleted meanwhile), so one-shot iterables become lists first.
-        values = _materialized(values)
-        keys = None if keys is None else _materialized(keys)
-        headers = None if headers is None else _materialized(headers)
+        values = as_column(values, "values")
+        keys = None if keys is None else as_column(keys, "keys")
+        headers = None if headers is None else as_column(headers, "headers")
 
-        def append_all(store: StreamStore) -> list[int]:
-            config = store.config
+        def encoded(config: StreamConfig) -> AbstractContextManager[EncodedBatch]:
             require_keys(config, self._name, keys)
-            with encode_batch_borrowed(
+            return encode_batch_borrowed(
                 values,
                 keys,
                 headers,
@@ -654,11 +758,18 @@ class SegmentStream(Stream):
                 compression=config.compression_code,
                 max_record_bytes=config.max_record_bytes,
                 max_batch_bytes=config.max_batch_bytes,
-            ) as batch:
+            )
+
+        def append_all(store: StreamStore) -> list[int]:
+            with encoded(store.config) as batch:
                 base = store.append([batch])[0]
             return list(range(base, base + batch.record_count))
 
-        return self._log._with_store(self._name, append_all, create=True)
+        def check(config: StreamConfig) -> None:
+            with encoded(config):
+                pass
+
+        return self._log._with_store(self._name, append_all, create=True, check=check)
 
     # A stream with a manifest (tier.manifest) has tiered segments: its reads, extent
     # and trims go through segments.tiered/tiering, the others take the local path
@@ -703,8 +814,7 @@ class SegmentStream(Stream):
         return self._log._with_store(self._name, read, create=False)
 
     def offset_for_time(self, timestamp_ms: int) -> int | None:
-        if type(timestamp_ms) is not int:
-            raise ConfigError(f"timestamp_ms must be an int, not {type(timestamp_ms).__name__}")
+        check_timestamp(timestamp_ms, "timestamp_ms")
 
         def find(store: StreamStore) -> int | None:
             tiered = self._tier_reads(store)
@@ -849,26 +959,32 @@ class SegmentWriter(Writer):
                         stream, functools.partial(_append_to, encoded), create=True
                     )
                 )
+            except OSError as exc:  # reported through the stream's futures, typed
+                if not isinstance(exc, DisklessLogError):
+                    typed = as_storage_error(exc, f"appending to stream {stream!r} failed")
+                    typed.__cause__ = exc
+                    exc = typed
+                results.append(exc)
             except Exception as exc:  # reported through the stream's futures
                 results.append(exc)
         return results
-
-
-def _materialized(items: Iterable[Any]) -> Sequence[Any]:
-    return items if isinstance(items, list | tuple) else list(items)
 
 
 def _append_to(batches: list[EncodedBatch], store: StreamStore) -> list[int]:
     return store.append(batches)
 
 
-def _append_record(
-    value: bytes | None, key: bytes | None, headers: Any, timestamp: int | None, store: StreamStore
-) -> int:
-    config = store.config
+def _encode_record(
+    value: bytes | None,
+    key: bytes | None,
+    headers: Any,
+    timestamp: int | None,
+    stream: str,
+    config: StreamConfig,
+) -> EncodedBatch:
     if key is None and config.compacted:
-        require_keys(config, store.name, None)
-    batch = encode_record(
+        require_keys(config, stream, None)
+    return encode_record(
         value,
         key,
         headers,
@@ -877,4 +993,10 @@ def _append_record(
         max_record_bytes=config.max_record_bytes,
         max_batch_bytes=config.max_batch_bytes,
     )
+
+
+def _append_record(
+    value: bytes | None, key: bytes | None, headers: Any, timestamp: int | None, store: StreamStore
+) -> int:
+    batch = _encode_record(value, key, headers, timestamp, store.name, store.config)
     return store.append([batch])[0]

@@ -97,7 +97,7 @@ def _read(
                         stale = 0
                         yield part
                     lo = max(lo, expected)
-                _check_end(store, seg, seg_end, end_pos, expected, lo)
+                _check_end(seg, seg_end, end_pos, expected, lo)
                 lo = max(lo, seg_end)
             return
         except _Stale as exc:
@@ -111,18 +111,16 @@ def _read(
                 ) from None
 
 
-def _check_end(
-    store: StreamStore, seg: Segment, seg_end: int, end_pos: int, expected: int | None, lo: int
-) -> None:
+def _check_end(seg: Segment, seg_end: int, end_pos: int, expected: int | None, lo: int) -> None:
     """A segment's entries must reach its end offset (the next segment's base). Only a
-    compacted segment may have none at all; elsewhere an empty segment file that should
-    hold records is damage."""
+    compacted segment, or one whose loss an operator accepted, may have none at all;
+    elsewhere an empty segment file that should hold records is damage."""
     if expected is not None and expected != seg_end:
         raise CorruptDataError(
             f"entries end at offset {expected}, the segment should reach {seg_end}",
             source=str(seg.log_path),
         )
-    if expected is None and not end_pos and seg_end > lo and not store.config.compacted:
+    if expected is None and not end_pos and seg_end > lo and not seg.may_be_empty():
         raise CorruptDataError(
             f"the segment is empty but should hold offsets up to {seg_end}",
             source=str(seg.log_path),

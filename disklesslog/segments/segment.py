@@ -36,6 +36,7 @@ from ..format import (
     peek_header,
 )
 from ..records import RecordBatch
+from . import loss
 from .index import OFFSET_ENTRY, TIME_ENTRY, SparseIndex
 from .layout import INDEX_SUFFIX, LOG_SUFFIX, TIMEINDEX_SUFFIX, segment_name
 
@@ -249,12 +250,16 @@ class Segment:
 
     def seal(self, *, persist: bool = True) -> None:
         """Before the segment closes: make its last time-index entry its max timestamp,
-        so a closed segment's max timestamp is read from one index entry."""
+        so a closed segment's max timestamp is read from one index entry; and write an
+        ``.index`` without entries if none was due, so that a closed segment missing
+        one lost it."""
         last_time = self.timeindex.last
         if self.size and (last_time is None or self.max_timestamp > last_time[0]):
             self.timeindex.append(
                 self.max_timestamp, self.last_entry_base - self.base, persist=persist
             )
+        if persist and not self.index.keys and not self.index.path.exists():
+            self.index.rewrite()
 
     def position_for(self, offset: int) -> tuple[int, int]:
         """Byte position and base offset of an entry at or before ``offset`` (via the index)."""
@@ -274,6 +279,12 @@ class Segment:
             raise SegmentReplaced(str(self.log_path))
         return fd
 
+    def may_be_empty(self) -> bool:
+        """Whether this closed segment may hold no entry although it covers offsets: on
+        a compacted stream (every record compacted away), or where an operator accepted
+        the loss of its offsets (a valid ``.lost`` marker names exactly its range)."""
+        return self.compacted or loss.accepted(self.log_path.parent, self.base, self.end_offset)
+
     def ensure_indexes(
         self,
         max_batch_bytes: int,
@@ -281,9 +292,11 @@ class Segment:
     ) -> None:
         """Load a closed segment's indexes, rebuilding them if they are missing or bad.
 
-        A rebuild writes the index files by path, so it runs inside ``exclusive()``
-        (the stream lock): no compaction swap can rename new index files into place
-        between its check of the segment file and its writes.
+        Loaded into new objects, installed only once complete: a load or rebuild that
+        fails leaves this segment as it was (and the next use tries again). A rebuild
+        writes the index files by path, so it runs inside ``exclusive()`` (the stream
+        lock): no compaction swap can rename new index files into place between its
+        check of the segment file and its writes.
         """
         if self.indexes_loaded:
             return
@@ -291,39 +304,46 @@ class Segment:
             if self.indexes_loaded:
                 return
             span = self.end_offset - self.base
-            ok = self.index.load(max_key=span, max_value=self.size) and self.timeindex.load(
+            index = SparseIndex(self.index.path, OFFSET_ENTRY)
+            timeindex = SparseIndex(self.timeindex.path, TIME_ENTRY)
+            ok = index.load(max_key=span, max_value=self.size) and timeindex.load(
                 max_key=2**63 - 1, max_value=span
             )
-            missing = self.size > self.index_interval and not self.index.path.exists()
-            if not ok or missing or (self.size and not len(self.timeindex)):
+            missing = not (index.path.exists() and timeindex.path.exists())
+            if not ok or (missing and self.size) or (self.size and not len(timeindex)):
                 with exclusive():
-                    self.rebuild_indexes(max_batch_bytes)
-            last_time = self.timeindex.last
+                    index, timeindex = self._rebuilt(max_batch_bytes)
+            last_time = timeindex.last
+            self.index, self.timeindex = index, timeindex
             self.max_timestamp = last_time[0] if last_time else NO_TIMESTAMP
             self.indexes_loaded = True
 
     def rebuild_indexes(self, max_batch_bytes: int) -> None:
-        """Recreate both index files of a closed segment from a full scan.
+        """Recreate both index files of a closed segment from a full scan; on failure
+        nothing of this segment changes."""
+        self.index, self.timeindex = self._rebuilt(max_batch_bytes)
+        last_time = self.timeindex.last
+        self.max_timestamp = last_time[0] if last_time else NO_TIMESTAMP
 
-        The entries must reach the next segment's base, except that a compacted
-        segment may be empty (every record it covered was compacted away).
-        """
+    def _rebuilt(self, max_batch_bytes: int) -> tuple[SparseIndex, SparseIndex]:
+        """Both index files of this closed segment rebuilt from a full scan into a new
+        :class:`Segment`, written, and returned; raises (writing nothing) if the scan
+        fails or the entries do not reach the next segment's base, except that a
+        segment may be empty where :meth:`may_be_empty` says so."""
         fd = self.open_log()
         log.warning("rebuilding the indexes of %s", self.log_path)
-        self.index.clear()
-        self.timeindex.clear()
-        expected_end, size = self.end_offset, self.size
-        self.size, self.end_offset, self.max_timestamp = 0, self.base, NO_TIMESTAMP
+        scan = Segment(self.log_path.parent, self.base, self.index_interval)
         try:
-            self.walk(fd, size, mode=CHECK, max_batch_bytes=max_batch_bytes, persist=False)
+            scan.walk(fd, self.size, mode=CHECK, max_batch_bytes=max_batch_bytes, persist=False)
         finally:
             os.close(fd)
-        if self.end_offset != expected_end and not (self.compacted and self.size == 0):
+        if scan.end_offset != self.end_offset and not (scan.size == 0 and self.may_be_empty()):
             raise CorruptDataError(
-                f"segment ends at offset {self.end_offset}, the next one starts at {expected_end}",
+                f"segment ends at offset {scan.end_offset}, the next one starts at "
+                f"{self.end_offset}",
                 source=str(self.log_path),
             )
-        self.end_offset = expected_end
-        self.seal(persist=False)
-        self.index.rewrite()
-        self.timeindex.rewrite()
+        scan.seal(persist=False)
+        scan.index.rewrite()
+        scan.timeindex.rewrite()
+        return scan.index, scan.timeindex

@@ -34,23 +34,33 @@ from pathlib import Path
 from typing import NamedTuple
 
 from ..config import StreamConfig
-from ..errors import CorruptDataError, IncompleteBatchError, LogClosedError, OffsetOutOfRange
+from ..errors import (
+    CorruptDataError,
+    DataLossError,
+    IncompleteBatchError,
+    LogClosedError,
+    OffsetOutOfRange,
+)
 from ..format import TAIL, EncodedBatch
 from ..metrics import Metrics
-from . import swap
+from . import loss, swap
 from .layout import (
     FLAG_DELETED,
     FLAG_SWAPPING,
-    INDEX_SUFFIX,
+    FLAG_UNSYNCED,
     INTENT,
     LOG_SUFFIX,
+    LOST_SUFFIX,
+    SEGMENT_FILES,
     STATE,
+    STATE_COPY,
     STATE_SIZE,
-    TIMEINDEX_SUFFIX,
     StreamState,
     fsync_directory,
     list_segments,
+    read_state_copy,
     segment_name,
+    write_state_copy,
 )
 from .segment import (
     CHECK,
@@ -61,7 +71,7 @@ from .segment import (
     Segment,
 )
 
-__all__ = ["FSYNC_POLICIES", "Snapshot", "StreamGone", "StreamStore"]
+__all__ = ["FSYNC_POLICIES", "Repair", "Snapshot", "StreamGone", "StreamStore", "flag_deleted"]
 
 log = logging.getLogger("disklesslog")
 
@@ -78,6 +88,15 @@ class StreamGone(Exception):
 
 class _NeedsLock(Exception):
     """Internal: an unlocked refresh met something only a lock holder may repair."""
+
+
+class Repair(NamedTuple):
+    """What an operator allows one recovery to do that recovery never does on its own
+    (``SegmentLog.repair``): accept the loss of acknowledged records, or take the start
+    offset from the operator when the state record and its copy are both unreadable."""
+
+    accept_data_loss: bool = False
+    start_offset: int | None = None
 
 
 class Snapshot(NamedTuple):
@@ -100,8 +119,12 @@ class StreamStore:
         metrics: Metrics,
         *,
         hold: Callable[[str], int | None] | None = None,
+        repair: Repair | None = None,
     ) -> None:
         self.name = name
+        self._repair = repair
+        self.repairs: list[str] = []
+        """What the recovery run with ``repair`` did, one line each."""
         # The lowest offset a two-phase commit in progress holds back from readers (see
         # segments/transactions.py), asked after the end offset is read.
         self._hold = hold
@@ -131,6 +154,7 @@ class StreamStore:
         except BaseException:
             self._close_fds()
             raise
+        self._repair = None  # allowed once, for the recovery it was given to
 
     # --------------------------------------------------------------- helpers
 
@@ -170,19 +194,27 @@ class StreamStore:
         if self._closed:
             raise LogClosedError(f"stream {self.name!r} is closed")
 
-    def _write_state(self, state: StreamState, *, sync: bool = False) -> None:
+    def _write_state(self, state: StreamState, *, sync: bool = False, copy: bool = False) -> None:
+        """Write the state record; with ``copy`` (the start offset or the active segment
+        changed) then its copy too, so damage to either file cannot lose them."""
         raw = state.encode()
         os.pwrite(self._lock_fd, raw, 0)
         if sync:
             os.fsync(self._lock_fd)
         self._state, self._state_raw = state, raw
+        if copy:
+            write_state_copy(self.directory, state, sync=sync)
 
     def _recovered(self) -> StreamState:
         """The state with the recovery point moved to the end of the active segment."""
         active = self._segments[-1]
-        return replace(
-            self._state, recovery_position=active.size, recovery_offset=active.end_offset
-        )
+        return self._recovery_moved(self._state, active.size, active.end_offset)
+
+    def _recovery_moved(self, state: StreamState, position: int, offset: int) -> StreamState:
+        """``state`` with the recovery point at ``position``/``offset`` (the data before
+        it synced, unless the policy is "never", which the flag records)."""
+        flags = state.flags | FLAG_UNSYNCED if not self.durable else state.flags & ~FLAG_UNSYNCED
+        return replace(state, recovery_position=position, recovery_offset=offset, flags=flags)
 
     def _new_segment(self, base: int) -> Segment:
         return Segment(
@@ -193,7 +225,7 @@ class StreamStore:
         )
 
     def _remove_segment_files(self, base: int) -> None:
-        for suffix in (LOG_SUFFIX, INDEX_SUFFIX, TIMEINDEX_SUFFIX):
+        for suffix in SEGMENT_FILES:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(self.directory / segment_name(base, suffix))
 
@@ -216,20 +248,8 @@ class StreamStore:
         recovery point.
         """
         raw = os.pread(self._lock_fd, STATE_SIZE, 0)
-        state = StreamState.decode(raw)
-        bases = list_segments(self.directory)
-        if state is None:
-            if raw:
-                log.warning(
-                    "state of stream %r is unreadable; recovering from its files", self.name
-                )
-            active = bases[-1] if bases else 0
-            state = StreamState(
-                generation=random.getrandbits(62),
-                start_offset=bases[0] if bases else 0,
-                active_segment=active,
-                recovery_offset=active,
-            )
+        copy, copy_exists = read_state_copy(self.directory)
+        state = self._agreed_state(StreamState.decode(raw), copy, copy_exists)
         if state.deleted:
             raise StreamGone(self.name)
         state = self._recover_swap(state)
@@ -246,14 +266,142 @@ class StreamStore:
         for base, next_base in itertools.pairwise(bases):
             if next_base <= state.start_offset:  # left by an interrupted trim
                 self._remove_segment_files(base)
+        # A marker beside the active segment is a leftover of accepting a loss that a
+        # crash cut short (format 2.11): it describes no gap, so it must not linger.
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.directory / segment_name(state.active_segment, LOST_SUFFIX))
         closed = self._closed_segments(bases, state, locked=True)
-        segment, fd, truncated = self._open_active(state, recovering=True, locked=True)
+        try:
+            segment, fd, truncated = self._open_active(state, recovering=True, locked=True)
+        except DataLossError as exc:
+            unsynced = bool(state.flags & FLAG_UNSYNCED)
+            if not unsynced and (self._repair is None or not self._repair.accept_data_loss):
+                raise
+            state = self._accept_loss(state, exc, by_policy=unsynced)
+            closed = self._closed_segments(list_segments(self.directory), state, locked=True)
+            segment, fd, truncated = self._open_active(state, recovering=True, locked=True)
         self._install(state, raw, closed, segment, fd)
         self._sync_data()
-        self._write_state(
-            replace(self._recovered(), generation=state.generation + int(truncated)),
+        new = replace(self._recovered(), generation=state.generation + int(truncated))
+        stale = copy is None or (copy.start_offset, copy.active_segment) != (
+            new.start_offset,
+            new.active_segment,
+        )
+        if stale and copy_exists:
+            log.warning(
+                "stream %r: rewriting %s, which was damaged or behind", self.name, STATE_COPY
+            )
+        self._write_state(new, sync=self._fsync != "never", copy=stale)
+
+    def _agreed_state(
+        self, state: StreamState | None, copy: StreamState | None, copy_exists: bool
+    ) -> StreamState:
+        """The state recovery starts from, given the record and its copy.
+
+        The record decides, but the start offset is the later of the two (trims only
+        move it forward, and a trim writes the record before the copy). An unreadable
+        record is restored from the copy; if both are unreadable the start offset is
+        lost, and rather than guess (the oldest segment's base would bring back records
+        a user trimmed, perhaps to delete them) this is :class:`CorruptDataError`, until
+        an operator names the start offset (:class:`Repair`).
+        """
+        path = self.directory / STATE
+        if state is not None:
+            if copy is not None and copy.start_offset > state.start_offset:
+                log.warning(
+                    "stream %r: %s has start offset %d, %s %d: taking the later",
+                    self.name,
+                    STATE_COPY,
+                    copy.start_offset,
+                    STATE,
+                    state.start_offset,
+                )
+                return replace(state, start_offset=copy.start_offset)
+            return state
+        bases = list_segments(self.directory)
+        if copy is not None:
+            log.warning(
+                "stream %r: %s is unreadable; restoring it from %s", self.name, STATE, STATE_COPY
+            )
+            start = copy.start_offset
+        elif self._repair is not None and self._repair.start_offset is not None:
+            start = self._repair.start_offset
+            self.repairs.append(
+                f"{self.name}: {STATE} and {STATE_COPY} were unreadable; start offset set to "
+                f"{start} as given"
+            )
+            log.warning("stream %r: %s", self.name, self.repairs[-1])
+        else:
+            lowest = f"the oldest segment starts at {bases[0]}" if bases else "it has no segments"
+            damage = "is unreadable" if copy_exists else "is missing"
+            raise CorruptDataError(
+                f"the stream's state record is unreadable and its copy ({STATE_COPY}) "
+                f"{damage}: the start offset is lost ({lowest}; records below the start "
+                "offset were trimmed and must not come back). If you know it, repair with "
+                f"SegmentLog.repair({self.name!r}, start_offset=N); see docs/operations.md",
+                source=str(path),
+            ) from None
+        # Never delete files on the word of a copy: the newest segment stays the active
+        # one, with the copy's recovery point only if the copy names it.
+        active = bases[-1] if bases else (copy.active_segment if copy is not None else 0)
+        state = StreamState(
+            generation=random.getrandbits(62),
+            start_offset=max(start, bases[0]) if bases else start,
+            active_segment=active,
+            recovery_offset=active,
+        )
+        if copy is not None and copy.active_segment == active:
+            state = replace(
+                state,
+                recovery_offset=copy.recovery_offset,
+                recovery_position=copy.recovery_position,
+                flags=copy.flags & FLAG_UNSYNCED,
+            )
+        return state
+
+    def _accept_loss(
+        self, state: StreamState, exc: DataLossError, *, by_policy: bool
+    ) -> StreamState:
+        """Make the offsets ``exc`` says are lost an accepted gap (lock held): they are
+        never handed out again. The active segment keeps its verified entries and is
+        closed; the lost offsets become an empty closed segment with a ``.lost`` marker
+        (``docs/format.md`` 2.11); appends go on in a new active segment after them.
+
+        Accepted by an operator (:class:`Repair`), or ``by_policy``: the recovery point
+        was written under fsync "never", whose data an OS crash may lose.
+
+        Until the state record names the new active segment nothing is decided: a crash
+        before leaves newer segment files, which recovery removes as an interrupted
+        roll's, and finds the loss again.
+        """
+        if exc.lost is None or exc.position is None:
+            raise exc  # not a loss this store found: nothing to accept
+        first, end = exc.lost
+        reason = loss.BY_POLICY if by_policy else loss.BY_OPERATOR
+        name = segment_name(state.active_segment, LOG_SUFFIX)
+        loss.make_gap(
+            self.directory,
+            state.active_segment,
+            exc.position,
+            first,
+            end,
+            reason,
             sync=self._fsync != "never",
         )
+        state = replace(
+            state,
+            generation=state.generation + 1,
+            active_segment=end,
+            recovery_position=0,
+            recovery_offset=end,
+        )
+        self._write_state(state, sync=self._fsync != "never", copy=True)
+        self.repairs.append(
+            f"{self.name}: offsets {first} to {end - 1} were lost from {name} ({reason}); "
+            f"reads skip them, appends go on at offset {end}"
+        )
+        log.error("stream %r: %s", self.name, self.repairs[-1])
+        return state
 
     def _recover_swap(self, state: StreamState) -> StreamState:
         """Finish a compaction swap a crash interrupted (its intent is present), or
@@ -342,14 +490,7 @@ class StreamStore:
             size = os.lseek(fd, 0, os.SEEK_END)
             rp, rp_offset = self._recovery_point(state, seg.base)
             if rp > size:
-                log.warning(
-                    "stream %r: %s is shorter (%d bytes) than its recovery point (%d); "
-                    "verifying all of it",
-                    self.name,
-                    seg.log_path.name,
-                    size,
-                    rp,
-                )
+                self._check_loss(seg, fd, size, rp, rp_offset)
                 rp, rp_offset = 0, seg.base
             trusted = rp if recovering else size
             self._load_active_indexes(seg, size, trusted, rewrite=locked)
@@ -363,6 +504,40 @@ class StreamStore:
             raise
         return seg, fd, truncated
 
+    def _check_loss(self, seg: Segment, fd: int, size: int, rp: int, rp_offset: int) -> None:
+        """The active file is shorter than its recovery point: bytes that were verified
+        (and synced, unless the policy is "never") are gone. If the entries it still
+        holds end before the recovery point's offset, acknowledged records were lost:
+        :class:`DataLossError` naming the file and the offsets, and nothing changed, for
+        an operator to accept (``SegmentLog.repair``). Never truncate and go on: the
+        next append would get an offset already acknowledged for another record."""
+        scan = self._new_segment(seg.base)
+        with contextlib.suppress(CorruptDataError):
+            scan.walk(
+                fd, size, mode=CHECK, max_batch_bytes=self.config.max_batch_bytes, index=False
+            )
+        if scan.end_offset < rp_offset:
+            raise DataLossError(
+                f"the file is {size} bytes, shorter than its recovery point ({rp} bytes, "
+                f"offset {rp_offset}): storage lost data that was written and synced. "
+                f"Offsets {scan.end_offset} to {rp_offset - 1} were acknowledged and are "
+                f"gone. Reads and appends of stream {self.name!r} fail until an operator "
+                f"accepts the loss with SegmentLog.repair({self.name!r}, "
+                "accept_data_loss=True) (docs/operations.md); the lost offsets are never "
+                "used again",
+                source=str(seg.log_path),
+                position=scan.size,
+                lost=(scan.end_offset, rp_offset),
+            )
+        log.warning(
+            "stream %r: %s is shorter (%d bytes) than its recovery point (%d) but holds "
+            "its offsets; verifying all of it",
+            self.name,
+            seg.log_path.name,
+            size,
+            rp,
+        )
+
     def _load_active_indexes(self, seg: Segment, size: int, trusted: int, *, rewrite: bool) -> None:
         """Load the active segment's indexes, keep the entries up to byte ``trusted``, and
         position ``seg`` at the last kept entry (where scanning resumes).
@@ -374,6 +549,10 @@ class StreamStore:
         """
         index_ok = seg.index.load(max_key=_U32_MAX, max_value=size, strict=False)
         time_ok = seg.timeindex.load(max_key=_MAX_TS, max_value=_U32_MAX, strict=False)
+        # The first .index entry always brings a .timeindex entry (2.4): an index with
+        # entries beside an empty or missing time index lost it, and the max timestamp.
+        if seg.index.keys and not seg.timeindex.keys:
+            time_ok = False
         if not (index_ok and time_ok):
             if not rewrite:
                 raise _NeedsLock
@@ -383,9 +562,11 @@ class StreamStore:
             keep = bisect_right(seg.index.values, trusted)
         pos, rel = (seg.index.values[keep - 1], seg.index.keys[keep - 1]) if keep else (0, 0)
         time_keep = bisect_right(seg.timeindex.values, rel) if keep else 0
-        if rewrite and (keep < len(seg.index) or not index_ok):
+        # Rewritten too when something follows the counted entries (a crash between an
+        # entry and its header): sealed as is, that would make the closed index invalid.
+        if rewrite and (keep < len(seg.index) or not index_ok or not seg.index.tidy):
             seg.index.truncate(keep)
-        if rewrite and (time_keep < len(seg.timeindex) or not time_ok):
+        if rewrite and (time_keep < len(seg.timeindex) or not time_ok or not seg.timeindex.tidy):
             seg.timeindex.truncate(time_keep)
         seg.size, seg.end_offset = pos, seg.base + rel
         seg.max_timestamp = seg.timeindex.keys[time_keep - 1] if time_keep else NO_TIMESTAMP
@@ -658,6 +839,7 @@ class StreamStore:
                 recovery_offset=new_base,
             ),
             sync=durable,
+            copy=True,
         )
         os.close(self._active_fd)
         self._active_fd = fd
@@ -686,6 +868,7 @@ class StreamStore:
                         self._state, generation=self._state.generation + 1, start_offset=before
                     ),
                     sync=self._fsync != "never",
+                    copy=True,
                 )
                 self._delete_closed_below(before)
 
@@ -737,7 +920,7 @@ class StreamStore:
                 self._refresh(locked=True)
                 state = self._state
                 if state.active_segment == base and state.recovery_position < size:
-                    self._write_state(replace(state, recovery_position=size, recovery_offset=end))
+                    self._write_state(self._recovery_moved(state, size, end))
 
     def close(self) -> None:
         """Sync, record the recovery point and release the files. Idempotent."""
@@ -860,6 +1043,25 @@ class StreamStore:
                     self._state_raw = b""
                     raise
                 return done
+
+
+def flag_deleted(directory: Path, *, sync: bool) -> bool:
+    """Flag a stream deleted that cannot be opened (its recovery fails on damage), so
+    that every process drops it before its directory goes: a fresh state record with
+    only the deleted flag, under the stream lock. False if the stream is gone."""
+    try:
+        fd = os.open(directory / STATE, os.O_RDWR)
+    except FileNotFoundError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        deleted = StreamState(generation=random.getrandbits(62), flags=FLAG_DELETED)
+        os.pwrite(fd, deleted.encode(), 0)
+        if sync:
+            os.fsync(fd)
+    finally:
+        os.close(fd)
+    return True
 
 
 def _file_identity(path: Path) -> tuple[int, int]:

@@ -27,7 +27,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
-import json
 import logging
 import os
 import shutil
@@ -42,8 +41,11 @@ from .layout import (
     CHECKPOINT,
     CLEANER_LOCK,
     INTENT,
+    LOST_SUFFIX,
     SEGMENT_SUFFIXES,
     STAGING,
+    decode_json,
+    encode_json,
     fsync_directory,
     segment_name,
 )
@@ -72,7 +74,8 @@ CRASH_ENV = "DISKLESSLOG_CRASH_AT"
 """Names a step of the swap at which the process exits at once (``os._exit``): the
 crash tests run a compaction in a child process with it set, once for every step."""
 _CRASH_EXIT = 77
-_INTENT_VERSION = 1
+_INTENT_VERSION = 2
+"""Version 2 is version 1 with a checksum trailer (layout.encode_json)."""
 _CHECKPOINT = struct.Struct("<4sIQ")  # magic, crc of the offset, offset
 _CHECKPOINT_MAGIC = b"DLCK"
 
@@ -119,14 +122,16 @@ class Intent:
             "replaced": [[r.base, r.inode, r.size] for r in self.replaced],
             "written": [[w.base, w.size, *w.inodes] for w in self.written],
         }
-        return json.dumps(body, separators=(",", ":")).encode() + b"\n"
+        return encode_json(body)
 
     @classmethod
     def decode(cls, raw: bytes, source: str) -> Intent:
         try:
-            body = json.loads(raw)
-            if body["version"] != _INTENT_VERSION:
+            body, checked = decode_json(raw, source, what="compaction intent")
+            if body["version"] not in (1, _INTENT_VERSION):
                 raise ValueError(f"version {body['version']!r}")
+            if body["version"] == _INTENT_VERSION and not checked:
+                raise ValueError("no checksum")
             return cls(
                 int(body["checkpoint"]),
                 tuple(Replaced(int(b), int(i), int(s)) for b, i, s in body["replaced"]),
@@ -135,7 +140,7 @@ class Intent:
                     for b, s, x, y, z in body["written"]
                 ),
             )
-        except (ValueError, KeyError, TypeError) as exc:
+        except (CorruptDataError, ValueError, KeyError, TypeError, AttributeError) as exc:
             raise CorruptDataError(
                 f"unreadable compaction intent ({exc}); the swap it records cannot be "
                 "finished: restore the stream directory from a backup",
@@ -342,6 +347,8 @@ def finish(directory: Path, intent: Intent, *, sync: bool) -> bool:
             for suffix in SEGMENT_SUFFIXES:
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(directory / segment_name(old.base, suffix))
+        with contextlib.suppress(FileNotFoundError):  # the new segment holds no gap of its own
+            os.unlink(directory / segment_name(old.base, LOST_SUFFIX))
     if sync:
         fsync_directory(directory)
     crash_point("unlinked")

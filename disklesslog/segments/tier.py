@@ -13,7 +13,15 @@ segments: a second log is refused instead.
 Objects are written once under content-addressed keys (``docs/format.md`` 2.8), and a
 write counts only when it is read back with the expected size and CRC-32C. Reads go
 through the process-wide :class:`~disklesslog.objects.cache.BlockCache`, like the
-object backend's, so a tiered segment is fetched at most once per process while hot.
+object backend's, so a tiered segment is fetched at most once per process while hot;
+its readers check what they get and confirm or discard it
+(:mod:`~disklesslog.segments.tiered`). Every request (GET, HEAD, LIST, PUT, DELETE, the
+owner marker's conditional create) is retried with the object backend's policy
+(:mod:`disklesslog.retries`): failures count in ``tier_put_errors``, ``tier_get_errors``
+and ``tier_delete_errors``, the last one is raised as :class:`~disklesslog.StorageError`
+whatever the client raised, a missing object that a manifest lists is
+:class:`~disklesslog.DataLossError` at once, and a missing object being deleted is
+success.
 """
 
 from __future__ import annotations
@@ -24,19 +32,29 @@ import functools
 import json
 import logging
 import os
-import random
 import secrets
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from ..errors import ConfigError, DataLossError, DisklessLogError, InvalidURL
+from ..errors import (
+    ConfigError,
+    CorruptDataError,
+    DataLossError,
+    DisklessLogError,
+    InvalidURL,
+    StorageError,
+)
 from ..format import crc32c
 from ..markers import MARKER, check_marker
 from ..metrics import Metrics
-from .layout import TMP, fsync_directory
+from ..retries import ATTEMPTS, pause, retrying
+from .layout import TMP, encode_json, fsync_directory, read_json
+
+if TYPE_CHECKING:
+    from ..objects.cache import BlockCache
 
 __all__ = ["CONFIG_FILE", "STREAMS_PREFIX", "Tier", "configure_tier", "persisted_tier_url"]
 
@@ -48,12 +66,14 @@ CONFIG_FILE = "tier.json"
 # first used: a local log that never tiers does not load them.
 KIND = "disklesslog-tier"
 VERSION = 1
+"""Of the owner marker at the tier location."""
+CONFIG_VERSION = 2
+"""Of ``tier.json``: version 2 is version 1 with a checksum trailer (layout.encode_json)."""
 STREAMS_PREFIX = "streams"
 """Folder (key prefix) of every tiered object under the tier URL."""
 CHUNK = 8 << 20
 """Bytes per read and write when streaming a segment up or reading it back."""
-PUT_ATTEMPTS = 5
-RETRY_DELAY = 0.05
+T = TypeVar("T")
 
 
 # ------------------------------------------------------------ configuration
@@ -75,31 +95,39 @@ def _normalized(url: object) -> str:
 def persisted_tier_url(root: Path) -> tuple[str, str] | None:
     """``(tier URL, log id)`` from ``<root>/tier.json``, or ``None`` if never tiered."""
     path = root / CONFIG_FILE
+    advice = "it names this log's tier: restore it, or remove it only if nothing was ever tiered"
     try:
-        raw = path.read_bytes()
-    except FileNotFoundError:
+        found = read_json(path, what="tier configuration")
+    except CorruptDataError as exc:
+        raise CorruptDataError(f"{exc.reason}; {advice}", source=str(path)) from None
+    if found is None:
         return None
+    content, checked = found
     try:
-        content = json.loads(raw)
-        if content.get("format") != KIND or content.get("version") != VERSION:
-            raise ValueError(f"not a version {VERSION} {KIND} file")
+        version = content.get("version")
+        if content.get("format") != KIND or version not in (1, CONFIG_VERSION):
+            raise ValueError(f"not a version {CONFIG_VERSION} {KIND} file")
+        if version == CONFIG_VERSION and not checked:
+            raise ValueError("no checksum")
         url, log_id = content["url"], content["log_id"]
         if not isinstance(url, str) or not isinstance(log_id, str):
             raise ValueError("url and log_id must be strings")
     except (ValueError, KeyError, AttributeError) as exc:
-        raise ConfigError(
-            f"{path} is unreadable ({exc}); it names this log's tier: restore it, or remove "
-            "it only if nothing was ever tiered"
-        ) from None
+        raise CorruptDataError(f"unreadable ({exc}); {advice}", source=str(path)) from None
     return _normalized(url), log_id
 
 
 def _persist(root: Path, url: str, *, sync: bool) -> tuple[str, str]:
     """Write ``tier.json`` unless it exists (``link(2)`` refuses to replace it, so of
     racing processes one wins); returns what is there now."""
-    content = {"format": KIND, "version": VERSION, "url": url, "log_id": secrets.token_hex(16)}
+    content = {
+        "format": KIND,
+        "version": CONFIG_VERSION,
+        "url": url,
+        "log_id": secrets.token_hex(16),
+    }
     temporary = root / TMP / f"{CONFIG_FILE}.{secrets.token_hex(8)}"
-    temporary.write_text(json.dumps(content) + "\n")
+    temporary.write_bytes(encode_json(content))
     try:
         if sync:
             with open(temporary, "rb") as f:
@@ -130,6 +158,31 @@ def configure_tier(
     A ``tier_url`` other than the persisted one is a :class:`ConfigError` (a log's
     tiered segments cannot move by reopening it elsewhere).
     """
+    tier = check_tier(root, tier_url, storage_options, metrics, sync=sync)
+    if tier is None or tier.log_id:  # none, or the persisted one
+        return tier
+    tier.check_owner(None)  # as does a location that belongs to another log
+    url, log_id = _persist(root, tier.url, sync=sync)
+    if url != tier.url:
+        raise ConfigError(f"another process configured this log to tier to {url} just now")
+    tier.log_id = log_id
+    tier.check_owner(log_id, claim=True)
+    return tier
+
+
+def check_tier(
+    root: Path,
+    tier_url: str | None,
+    storage_options: Mapping[str, Any] | None,
+    metrics: Metrics,
+    *,
+    sync: bool,
+) -> Tier | None:
+    """What :func:`configure_tier` checks before it writes anything, and may run before
+    the log directory exists (an open refused for its tier options leaves nothing
+    behind): the options, the persisted tier against ``tier_url``, the URL (its client
+    connects) and that it lies outside the log. Returns the persisted tier, a new one
+    not yet persisted (no ``log_id``), or ``None``."""
     if storage_options is not None and not isinstance(storage_options, Mapping):
         raise ConfigError(
             f"tier_storage_options must be a mapping of fsspec options, not {storage_options!r}"
@@ -160,12 +213,6 @@ def configure_tier(
                 f"tier_url {wanted} overlaps the log directory {root}: tier to a directory "
                 "outside it (or to object storage)"
             )
-    tier.check_owner(None)  # as does a location that belongs to another log
-    url, log_id = _persist(root, wanted, sync=sync)
-    if url != wanted:
-        raise ConfigError(f"another process configured this log to tier to {url} just now")
-    tier.log_id = log_id
-    tier.check_owner(log_id, claim=True)
     return tier
 
 
@@ -253,12 +300,20 @@ class Tier:
             data = json.dumps({"format": KIND, "version": VERSION, "log_id": log_id}) + "\n"
             from ..sequencers.conditional import put_if_absent  # noqa: PLC0415 - rare
 
-            if put_if_absent(self.fs, marker, data.encode()):
+            # A retry after a lost response finds the marker there: it is then read
+            # back and checked like anyone else's, and found to be this log's.
+            created = retrying(
+                functools.partial(put_if_absent, self.fs, marker, data.encode()),
+                f"could not store {self.object_url(MARKER)}",
+                metrics=self.metrics,
+                counter="tier_put_errors",
+            )
+            if created:
                 self._owner_checked = True
                 return
             raw = self._read_marker(marker)
             if raw is None:
-                raise OSError(f"{self.object_url(MARKER)} exists and then does not: retry")
+                raise StorageError(f"{self.object_url(MARKER)} exists and then does not: retry")
         check_marker(raw, kind=KIND, version=VERSION, where=self.url)
         owner = json.loads(raw).get("log_id")
         if owner != log_id:
@@ -270,9 +325,16 @@ class Tier:
 
     def _read_marker(self, path: str) -> bytes | None:
         try:
-            return bytes(self.fs.cat_file(path))
+            return bytes(self._retrying(lambda: self.fs.cat_file(path), f"could not read {path}"))
         except FileNotFoundError:
             return None
+
+    def _retrying(self, call: Callable[[], T], what: str, counter: str = "tier_get_errors") -> T:
+        """A request that reads (GET, HEAD, LIST) or deletes, retried (failures count in
+        ``counter``); ``FileNotFoundError`` propagates at once."""
+        return retrying(
+            call, what, metrics=self.metrics, counter=counter, final=(FileNotFoundError,)
+        )
 
     # ---------------------------------------------------------------- writes
 
@@ -289,8 +351,9 @@ class Tier:
 
         An object already there with that size and checksum is adopted (a crashed or
         concurrent run uploaded it): returns False. Otherwise uploads, retrying with
-        backoff, and returns True once the object reads back right. Keys are content
-        addressed, so rewriting one writes the same bytes.
+        backoff, and returns True once the object reads back right (else raises
+        :class:`~disklesslog.StorageError`). Keys are content addressed, so rewriting one
+        writes the same bytes.
         """
         if self.checksum(key, size) == (size, crc):
             return False
@@ -304,7 +367,7 @@ class Tier:
                 progress(total[0] - reported)
                 reported = total[0]
 
-        for attempt in range(1, PUT_ATTEMPTS + 1):
+        for attempt in range(1, ATTEMPTS + 1):
             try:
                 self._upload(key, data, size, functools.partial(sent, total=[0]))
                 found = self.checksum(key, size)
@@ -321,10 +384,10 @@ class Tier:
             except Exception as exc:  # clients raise their own transient errors
                 problem = exc
             self.metrics.add("tier_put_errors")
-            if attempt < PUT_ATTEMPTS:
-                time.sleep(RETRY_DELAY * 2 ** (attempt - 1) * (0.5 + random.random()))
-        raise OSError(
-            f"could not store {self.object_url(key)} after {PUT_ATTEMPTS} attempts: {problem}"
+            if attempt < ATTEMPTS:
+                pause(attempt)
+        raise StorageError(
+            f"could not store {self.object_url(key)} after {ATTEMPTS} attempts: {problem}"
         ) from problem
 
     def _upload(
@@ -378,32 +441,43 @@ class Tier:
             fsync_directory(Path(directory))
 
     def checksum(self, key: str, expected_size: int) -> tuple[int, int] | None:
-        """``(size, crc32c)`` of the object as stored, read back in full; ``None`` if it
-        is missing. An object of another size is not read (its CRC is then 0)."""
+        """``(size, crc32c)`` of the object as stored, read back in full (requests
+        retried); ``None`` if it is missing. An object of another size is not read (its
+        CRC is then 0)."""
         path = self.path(key)
+        what = f"could not read back {self.object_url(key)}"
         with contextlib.suppress(Exception):
             self.fs.invalidate_cache(path)
+        crc, position = 0, 0
         try:
-            size = int(self.fs.info(path)["size"])
+            size = int(self._retrying(functools.partial(self.fs.info, path), what)["size"])
+            if size != expected_size:
+                return size, 0
+            while position < size:
+                get = functools.partial(
+                    self.fs.cat_file, path, start=position, end=min(size, position + CHUNK)
+                )
+                chunk = bytes(self._retrying(get, what))
+                if not chunk:
+                    break
+                crc = crc32c(chunk, crc)
+                position += len(chunk)
         except FileNotFoundError:
             return None
-        if size != expected_size:
-            return size, 0
-        crc, position = 0, 0
-        while position < size:
-            chunk = bytes(self.fs.cat_file(path, start=position, end=min(size, position + CHUNK)))
-            if not chunk:
-                break
-            crc = crc32c(chunk, crc)
-            position += len(chunk)
         return position, crc
 
     def delete(self, keys: list[str]) -> int:
-        """Delete objects (missing ones are fine); returns how many existed."""
+        """Delete objects, retrying failures (counted in ``tier_delete_errors``); returns
+        how many existed. Deleting is idempotent: a missing object (deleted by another
+        run, or by an earlier attempt whose response was lost) is not an error."""
         deleted = 0
         for key in keys:
             try:
-                self.fs.rm_file(self.path(key))
+                self._retrying(
+                    functools.partial(self.fs.rm_file, self.path(key)),
+                    f"could not delete {self.object_url(key)}",
+                    "tier_delete_errors",
+                )
             except FileNotFoundError:
                 continue
             deleted += 1
@@ -417,7 +491,9 @@ class Tier:
         with contextlib.suppress(Exception):
             self.fs.invalidate_cache(prefix)
         try:
-            found = self.fs.find(prefix, detail=True)
+            found = self._retrying(
+                lambda: self.fs.find(prefix, detail=True), f"could not list {prefix}"
+            )
         except FileNotFoundError:
             return []
         root = self.root.strip("/")
@@ -431,10 +507,18 @@ class Tier:
     # ----------------------------------------------------------------- reads
 
     def get_range(self, key: str, start: int, end: int) -> bytes:
-        """Bytes ``[start, end)`` of an object; a missing one is :class:`DataLossError`."""
-        started = time.monotonic()
+        """Bytes ``[start, end)`` of an object, retrying failed GETs; a missing one is
+        :class:`DataLossError` at once."""
+        path = self.path(key)
+
+        def attempt() -> bytes:
+            started = time.monotonic()
+            data = self.fs.cat_file(path, start=start, end=end)
+            self.metrics.observe("tier_get", time.monotonic() - started)
+            return bytes(data)
+
         try:
-            data = self.fs.cat_file(self.path(key), start=start, end=end)
+            data = self._retrying(attempt, f"could not read {self.object_url(key)}")
         except FileNotFoundError:
             raise DataLossError(
                 f"tiered object {self.object_url(key)} is missing although the stream's "
@@ -442,19 +526,43 @@ class Tier:
                 "short a grace period); the records in it are lost",
                 source=self.object_url(key),
             ) from None
-        self.metrics.observe("tier_get", time.monotonic() - started)
         self.metrics.add("tier_get_bytes", len(data))
-        return bytes(data)
+        return data
 
-    def read(self, key: str, start: int, end: int) -> bytes:
-        """Bytes ``[start, end)`` of an immutable tiered object through the block cache."""
+    def read(self, key: str, start: int, end: int, *, refresh: bool = False) -> bytes:
+        """Bytes ``[start, end)`` of an immutable tiered object through the block cache,
+        for a reader that checks them and then calls :meth:`confirm` or :meth:`discard`;
+        ``refresh`` fetches them again straight from storage."""
 
         def fetch(range_start: int, range_end: int) -> bytes:
             return self.get_range(key, range_start, range_end)
 
-        from ..objects.cache import default_cache  # noqa: PLC0415 - only for tiered reads
+        return _cache().read(
+            self.object_url(key),
+            start,
+            end,
+            fetch,
+            metrics=self.metrics,
+            checked=True,
+            refresh=refresh,
+        )
 
-        return default_cache().read(self.object_url(key), start, end, fetch, metrics=self.metrics)
+    def confirm(self, key: str, start: int, end: int) -> None:
+        """Bytes ``[start, end)`` of a tiered object passed their checks: the cache may
+        keep the blocks holding them on disk."""
+        _cache().confirm(self.object_url(key), start, end)
+
+    def discard(self, key: str, start: int, end: int) -> None:
+        """Bytes ``[start, end)`` of a tiered object failed their checks: drop them from
+        the cache."""
+        _cache().invalidate(self.object_url(key), start, end)
+
+
+def _cache() -> BlockCache:
+    """The process-wide block cache (its module loads with the first tiered read)."""
+    from ..objects.cache import default_cache  # noqa: PLC0415 - only for tiered reads
+
+    return default_cache()
 
 
 def _chunks(fd: int, size: int) -> Iterator[bytes]:

@@ -37,10 +37,11 @@ from ..format import crc32c
 from ..maintenance.retention import Unit
 from ..projection import COLUMNS, Part, Projection
 from ..records import RecordBatch, limit_records
+from ..retries import REFETCHES, damaged, log_cured
 from . import reader
 from .index import OFFSET_ENTRY, TIME_ENTRY
 from .manifest import Manifest, ManifestCache, TieredObject, TieredSegment
-from .segment import DECODE, Entry, SegmentReplaced, iter_entries
+from .segment import DECODE, ENTRY_PREFIX_SIZE, Entry, SegmentReplaced, iter_entries
 from .store import Snapshot, StreamStore
 from .tier import Tier
 
@@ -184,37 +185,79 @@ class TieredReader:
     ) -> Iterator[Entry]:
         """Entries of a tiered segment from the one holding ``offset``, decoded as
         ``projection`` needs: those below it are only peeked. Checks that the entries
-        end at the segment's end."""
+        end at the segment's end.
+
+        Bytes that fail a check may have been damaged on their way (or in the cache), so
+        the walk fetches them again straight from storage and goes on from the end of
+        the last entry that passed (a peeked entry proves nothing: before the first
+        checked one, from where the walk began), never yielding an entry twice; after
+        :data:`~disklesslog.retries.REFETCHES` failed fetches, or the same failure twice,
+        the object is damaged (:mod:`disklesslog.retries`). As the walk moves on, what
+        passed is confirmed to the block cache."""
+        tier = self.tier
         key, size = seg.log.key, seg.log.size
-        source = self.tier.object_url(key)
+        source = tier.object_url(key)
+        refresh_to = -1  # reads starting at or before this byte go straight to storage
+        passed = [-1, -1]  # bytes [from, to) of checked entries not yet confirmed
+
+        def confirm() -> None:
+            if passed[1] > passed[0] >= 0:
+                tier.confirm(key, passed[0], passed[1])
+                passed[0] = passed[1]
 
         def read(length: int, at: int) -> bytes:
-            return self.tier.read(key, at, min(at + length, size))
+            confirm()  # the walker asks for more only once it is done with what it had
+            return tier.read(key, at, min(at + length, size), refresh=at <= refresh_to)
 
         with self._reading(store, seg, offset):
             hint = self._index(seg.index, OFFSET_ENTRY).floor(offset - seg.base_offset)
             position, base = (hint[1], seg.base_offset + hint[0]) if hint else (0, seg.base_offset)
             expected = base
+            yielded = -1  # position of the last entry yielded
+            refetches = 0
+            previous: tuple[int | None, str] | None = None  # a failure after a refetch
             try:
-                for entry in iter_entries(
-                    read,
-                    source,
-                    position,
-                    size,
-                    base,
-                    max_batch_bytes=store.config.max_batch_bytes,
-                    mode=DECODE,
-                    skip_below=offset,
-                    decode=projection.decode,
-                ):
-                    expected = entry[1] + entry[2].span
-                    yield entry
-            except IncompleteBatchError as exc:  # no tail being written: the object is short
-                raise CorruptDataError(
-                    f"object ends inside an entry ({exc.reason})",
-                    source=exc.source,
-                    position=exc.position,
-                ) from None
+                while True:
+                    try:
+                        for entry in iter_entries(
+                            read,
+                            source,
+                            position,
+                            size,
+                            base,
+                            max_batch_bytes=store.config.max_batch_bytes,
+                            mode=DECODE,
+                            skip_below=offset,
+                            decode=projection.decode,
+                        ):
+                            at, first, header, _ = entry
+                            expected = first + header.span
+                            if expected > offset:  # checked, not only peeked
+                                position, base = at + ENTRY_PREFIX_SIZE + header.size, expected
+                                passed[0] = at if passed[0] < 0 else passed[0]
+                                passed[1] = position
+                            if at > yielded:
+                                yielded = at
+                                yield entry
+                        break
+                    except DataLossError:
+                        raise
+                    except CorruptDataError as exc:
+                        failure = _damage(exc)
+                        bad = position if failure.position is None else failure.position
+                        signature = (failure.position, failure.reason)
+                        if refetches == REFETCHES or signature == previous:
+                            tier.discard(key, position, max(bad, refresh_to) + 1)
+                            raise damaged(failure, refetches, same=signature == previous) from None
+                        previous = signature if refetches else None
+                        refetches += 1
+                        tier.metrics.add("tier_refetches")
+                        refresh_to = bad
+                        passed[0] = passed[1]  # a block holding bad bytes is not confirmed
+                if refetches:
+                    log_cured(failure, refetches)
+            finally:
+                confirm()
         if expected != seg.end_offset:
             raise CorruptDataError(
                 f"entries end at offset {expected}, the manifest says {seg.end_offset}",
@@ -273,19 +316,36 @@ class TieredReader:
 
     def _index(self, obj: TieredObject, entry: struct.Struct) -> _Index:
         """A tiered segment's ``.index``/``.timeindex`` object, parsed (and memoized: keys
-        are content addressed). One that fails its CRC is ignored with a warning: it is
-        a hint, and a read without it scans the segment from its start."""
+        are content addressed). One that fails its CRC is fetched again like a segment's
+        bytes; if it still fails, it is ignored with a warning: it is a hint, and a read
+        without it scans the segment from its start."""
         with self._lock:
             found = self._indexes.get(obj.key)
             if found is not None:
                 self._indexes.move_to_end(obj.key)
                 return found
-        raw = self.tier.read(obj.key, 0, obj.size) if obj.size else b""
+        tier = self.tier
+        raw = tier.read(obj.key, 0, obj.size) if obj.size else b""
+        refetches = 0
+        previous: bytes | None = None
+        while not _index_passes(raw, obj, entry) and refetches < REFETCHES and raw != previous:
+            previous = raw if refetches else None
+            refetches += 1
+            tier.metrics.add("tier_refetches")
+            raw = tier.read(obj.key, 0, obj.size, refresh=True)
         codes = ("I", "I") if entry is OFFSET_ENTRY else ("q", "I")
         keys, values = array(codes[0]), array(codes[1])
-        if len(raw) != obj.size or crc32c(raw) != obj.crc32c or len(raw) % entry.size:
-            log.warning("%s fails its checksum; reading without it", self.tier.object_url(obj.key))
+        if not _index_passes(raw, obj, entry):
+            tier.discard(obj.key, 0, obj.size)
+            log.warning("%s fails its checksum; reading without it", tier.object_url(obj.key))
         else:
+            if obj.size:
+                tier.confirm(obj.key, 0, obj.size)
+            if refetches:
+                failure = CorruptDataError(
+                    "index object fails its checksum", source=tier.object_url(obj.key)
+                )
+                log_cured(failure, refetches)
             for key, value in entry.iter_unpack(raw):
                 keys.append(key)
                 values.append(value)
@@ -307,6 +367,20 @@ class TieredReader:
             start_offset=v.start_offset,
             end_offset=v.end_offset,
         )
+
+
+def _index_passes(raw: bytes, obj: TieredObject, entry: struct.Struct) -> bool:
+    return len(raw) == obj.size and crc32c(raw) == obj.crc32c and len(raw) % entry.size == 0
+
+
+def _damage(exc: CorruptDataError) -> CorruptDataError:
+    """What a failed walk of a tiered segment means: nothing is being appended to an
+    object, so an entry cut short is damage too."""
+    if isinstance(exc, IncompleteBatchError):
+        return CorruptDataError(
+            f"object ends inside an entry ({exc.reason})", source=exc.source, position=exc.position
+        )
+    return exc
 
 
 def make_view(snap: Snapshot, manifest: Manifest | None) -> View:

@@ -9,7 +9,9 @@
                                             will get (before the append) or got (after)
     <log>/transactions/<h>.json             {"id", "committed_at", "ranges"} once committed
 
-``<h>`` is the SHA-256 of the transaction id. Each stream has its own lock and files,
+``<h>`` is the SHA-256 of the transaction id. The JSON files are checksummed
+(``layout.encode_json``): a damaged one is :class:`CorruptDataError` naming it, since a
+reader cannot guess what it holds back. Each stream has its own lock and files,
 so a commit appends stream by stream (in name order, each stream's batches with one
 locked ``writev``). What makes the commit all or nothing anyway is the notes file,
 which readers consult:
@@ -47,14 +49,13 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import hashlib
-import json
 import logging
 import os
 import secrets
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from ..config import StreamConfig
 from ..errors import (
@@ -65,6 +66,7 @@ from ..errors import (
     TransactionError,
 )
 from ..format import HEADER_SIZE, EncodedBatch, check_batch, decode_batch
+from ..oserrors import typed_os_errors
 from ..sequencers.base import (
     TRACKED_TRANSACTIONS,
     TRANSACTION_RETENTION_SECONDS,
@@ -81,7 +83,7 @@ from ..transactions import (
     check_parts,
 )
 from . import reader
-from .layout import flocked, fsync_directory, write_durably
+from .layout import decode_json, encode_json, flocked, fsync_directory, write_durably
 
 if TYPE_CHECKING:
     from ..maintenance.report import MaintenanceReport
@@ -103,6 +105,7 @@ __all__ = [
 ]
 
 logger = logging.getLogger("disklesslog")
+T = TypeVar("T")
 
 STAGED = "staged"
 TRANSACTIONS = "transactions"
@@ -112,6 +115,7 @@ _NOTES = ".json"
 _PARTS = ".parts"
 
 
+@typed_os_errors(also=("_config_for", "_store"))
 class SegmentStager(Stager):
     """Writes one ``staged/<ns>-<hex>.staged`` file per ``max_object_bytes`` of batches."""
 
@@ -279,7 +283,7 @@ def _finish_interrupted(log: SegmentLog, *, current: str | None) -> set[str]:
         if f".{suffix}" != _NOTES:
             continue
         try:
-            notes = json.loads((pending / entry).read_bytes())
+            notes, _ = _load_notes(pending / entry)
             objects = _load_parts(pending / f"{name}{_PARTS}")
             _apply(log, name, notes, objects, _batches_by_stream(log, objects))
         except (DisklessLogError, OSError, ValueError, KeyError) as exc:
@@ -346,22 +350,13 @@ def held_offset(pending: str, stream: str) -> int | None:
     for entry in names:
         if not entry.endswith(_NOTES):
             continue
-        path = os.path.join(pending, entry)
         try:
-            with open(path, "rb") as f:
-                data = f.read()
+            _, streams = _load_notes(Path(pending, entry))
         except FileNotFoundError:  # its commit point passed meanwhile
             continue
-        try:
-            note = json.loads(data)["streams"].get(stream)
-        except (ValueError, KeyError, AttributeError):
-            raise CorruptDataError(
-                "a transaction's notes file is not valid JSON", source=path
-            ) from None
-        if note is None:
-            continue
-        base = _held_at(note)
-        held = base if held is None else min(held, base)
+        base = streams.get(stream)
+        if base is not None:
+            held = base if held is None else min(held, base)
     return held
 
 
@@ -377,11 +372,11 @@ def pending_transactions(root: Path) -> list[dict[str, Any]]:
     for entry in names:
         if not entry.endswith(_NOTES):
             continue
-        with contextlib.suppress(FileNotFoundError, ValueError, KeyError):
+        with contextlib.suppress(FileNotFoundError):  # its commit point passed meanwhile
             path = pending / entry
-            notes = json.loads(path.read_bytes())
-            held = {s: _held_at(n) for s, n in notes["streams"].items()}
-            found.append({"id": notes["id"], "streams": held, "since": path.stat().st_ctime})
+            notes, held = _load_notes(path)
+            since = path.stat().st_ctime
+            found.append({"id": notes["id"], "streams": held, "since": since})
     return found
 
 
@@ -437,7 +432,31 @@ def _digest(transaction_id: str) -> str:
 
 
 def _dump(body: Any) -> bytes:
-    return json.dumps(body, separators=(",", ":")).encode()
+    """A transaction file's bytes: checksummed JSON (``docs/format.md`` 2.10)."""
+    return encode_json(body)
+
+
+def _load(path: Path, what: str, parse: Callable[[Any], T]) -> T:
+    """``parse`` of the JSON in a transaction file (checked against its checksum; files
+    of version 1 have none). Anything malformed is :class:`CorruptDataError` naming
+    the file; a missing file is ``FileNotFoundError``, for the caller to judge."""
+    content, _ = decode_json(path.read_bytes(), str(path), what=what)
+    try:
+        return parse(content)
+    except (ValueError, KeyError, TypeError, AttributeError, IndexError) as exc:
+        raise CorruptDataError(f"malformed {what} ({exc!r})", source=str(path)) from None
+
+
+def _load_notes(path: Path) -> tuple[dict[str, Any], dict[str, int]]:
+    """A notes file's content, and the offset it holds each of its streams back at."""
+
+    def parse(notes: Any) -> tuple[dict[str, Any], dict[str, int]]:
+        held = {str(s): _held_at(n) for s, n in notes["streams"].items()}
+        if not isinstance(notes["id"], str):
+            raise TypeError("the id is not a string")
+        return notes, held
+
+    return _load(path, "transaction notes file", parse)
 
 
 def _dump_parts(objects: list[StagedObject]) -> bytes:
@@ -456,23 +475,26 @@ def _dump_parts(objects: list[StagedObject]) -> bytes:
 
 
 def _load_parts(path: Path) -> list[StagedObject]:
-    return [
-        StagedObject(
-            obj["key"],
-            tuple(
-                BatchToCommit(
-                    stream=s,
-                    position=p,
-                    size=n,
-                    span=span,
-                    record_count=count,
-                    max_timestamp=ts,
-                )
-                for s, p, n, span, count, ts in obj["batches"]
-            ),
-        )
-        for obj in json.loads(path.read_bytes())
-    ]
+    def parse(parts: Any) -> list[StagedObject]:
+        return [
+            StagedObject(
+                str(obj["key"]),
+                tuple(
+                    BatchToCommit(
+                        stream=str(s),
+                        position=int(p),
+                        size=int(n),
+                        span=int(span),
+                        record_count=int(count),
+                        max_timestamp=int(ts),
+                    )
+                    for s, p, n, span, count, ts in obj["batches"]
+                ),
+            )
+            for obj in parts
+        ]
+
+    return _load(path, "transaction parts file", parse)
 
 
 def _pending_keys(log: SegmentLog) -> set[str]:
@@ -488,11 +510,13 @@ def _pending_keys(log: SegmentLog) -> set[str]:
 
 
 def _load_record(path: Path) -> dict[str, tuple[int, int]] | None:
+    def parse(done: Any) -> dict[str, tuple[int, int]]:
+        return {str(s): (int(a), int(b)) for s, (a, b) in done["ranges"].items()}
+
     try:
-        done = json.loads(path.read_bytes())
+        return _load(path, "transaction record", parse)
     except FileNotFoundError:
         return None
-    return {s: (int(a), int(b)) for s, (a, b) in done["ranges"].items()}
 
 
 def _staged_path(log: SegmentLog, key: str) -> Path:

@@ -32,6 +32,8 @@ from .base import (
 from .producers import ProducerStreamState, advance, decide
 
 __all__ = [
+    "INT64_MAX",
+    "INT64_MIN",
     "MAX_TRANSACTION_ID_CHARS",
     "TIME_INDEX_INTERVAL",
     "TRACKED_TRANSACTIONS",
@@ -41,6 +43,7 @@ __all__ = [
     "already_known",
     "check_batches",
     "check_keys",
+    "check_location",
     "check_new_batches",
     "check_object_key",
     "check_offsets",
@@ -59,6 +62,17 @@ __all__ = [
     "transaction_cutoff",
     "transaction_ranges",
 ]
+
+INT64_MAX = (1 << 63) - 1
+"""The largest offset, timestamp, position, size, id, epoch or sequence number any
+sequencer takes. Every one stores them as signed 64-bit integers (SQL ``INTEGER`` and
+``bigint`` columns, msgpack integers in object-store entries), so every one refuses a
+larger value up front with :class:`ConfigError` (a ``ValueError``), also inside a batch
+description, before anything is written: the same answer from all four, instead of an
+``OverflowError`` from whichever driver meets it first."""
+INT64_MIN = -(1 << 63)
+"""The smallest such value; what a call accepts below 0 is its own rule (a timestamp
+may be negative, an offset may not)."""
 
 MAX_TRANSACTION_ID_CHARS = 1024
 """Longest transaction id: ids are keys (a row, a file name hash), not payloads."""
@@ -81,17 +95,77 @@ def check_object_key(key: object) -> str:
 
 
 def check_position(value: object, what: str) -> int:
-    """An int offset argument (``bool`` is refused: it is a mistake, never an offset)."""
+    """An int argument (an offset, a timestamp, a size, an id) within the 64-bit range
+    sequencers store (:data:`INT64_MIN` .. :data:`INT64_MAX`); ``bool`` is refused: it
+    is a mistake, never an offset. Whether a negative one means anything is up to the
+    call (an offset below a stream's start is out of range, a timestamp is not)."""
     if type(value) is not int:
         raise ConfigError(f"{what} must be an int, not {type(value).__name__}")
+    if not INT64_MIN <= value <= INT64_MAX:
+        raise ConfigError(f"{what}={value} is outside the 64-bit range (at most 2**63-1)")
     return value
 
 
 def check_keys(object_keys: Sequence[str]) -> Sequence[str]:
-    """A sequence of object keys (a lone str would be taken apart character by character)."""
+    """A sequence of object keys (a lone str would be taken apart character by character;
+    anything but a non-empty str is refused before it is stored)."""
     if isinstance(object_keys, str):
         raise ConfigError("pass a list of object keys, not a single str")
+    if not isinstance(object_keys, (list, tuple)):
+        object_keys = list(object_keys)
+    for key in object_keys:
+        check_object_key(key)
     return object_keys
+
+
+def _check_numbers(values: tuple[Any, ...], what: str) -> None:
+    """Every one of ``values`` an ``int`` (not ``bool``: else the description is
+    malformed, :class:`SequencerError`) within the 64-bit range (else
+    :class:`ConfigError`, as for any other number too large to store)."""
+    if set(map(type, values)) != {int}:
+        raise SequencerError(f"malformed {what}: its numbers must be ints")
+    if min(values) < INT64_MIN or max(values) > INT64_MAX:
+        raise ConfigError(f"{what} holds a number outside the 64-bit range (at most 2**63-1)")
+
+
+def _batch_fits(b: BatchToCommit) -> bool:
+    """Whether a batch's stream is a str and its eight numbers pass
+    :func:`_check_numbers`, spelt out: it runs for every batch of every commit (and of
+    every entry an object-store replica replays), where this costs half of building a
+    tuple and a set."""
+    p, s, n, r = b.position, b.size, b.span, b.record_count
+    t, i, e, q = b.max_timestamp, b.producer_id, b.producer_epoch, b.base_sequence
+    lo, hi = INT64_MIN, INT64_MAX
+    return (
+        type(b.stream) is str
+        and type(p) is int
+        and type(s) is int
+        and type(n) is int
+        and type(r) is int
+        and type(t) is int
+        and type(i) is int
+        and type(e) is int
+        and type(q) is int
+        and lo <= p <= hi
+        and lo <= s <= hi
+        and lo <= n <= hi
+        and lo <= r <= hi
+        and lo <= t <= hi
+        and lo <= i <= hi
+        and lo <= e <= hi
+        and lo <= q <= hi
+    )
+
+
+def check_location(b: object, stream: str) -> BatchLocation:
+    """A :class:`BatchLocation` whose object key is a non-empty str and whose numbers are
+    ints within the 64-bit range (checked before anything is looked up or stored)."""
+    if not isinstance(b, BatchLocation):
+        raise SequencerError(f"new batches are BatchLocation items, not {type(b).__name__}")
+    check_object_key(b.object_key)
+    numbers = (b.batch_id, b.position, b.size, b.base_offset, b.last_offset, b.max_timestamp)
+    _check_numbers(numbers, f"replacement batch for stream {stream!r}: {b}")
+    return b
 
 
 def check_batches(batches: Sequence[BatchToCommit]) -> Sequence[BatchToCommit]:
@@ -103,6 +177,12 @@ def check_batches(batches: Sequence[BatchToCommit]) -> Sequence[BatchToCommit]:
     for b in batches:
         if not isinstance(b, BatchToCommit):
             raise SequencerError(f"commit takes BatchToCommit items, not {type(b).__name__}")
+        if not _batch_fits(b):  # say why, the slow way
+            if type(b.stream) is not str:
+                raise SequencerError(f"malformed batch {b!r}: its stream name must be a str")
+            numbers: tuple[Any, ...] = (b.position, b.size, b.span, b.record_count)
+            numbers += (b.max_timestamp, b.producer_id, b.producer_epoch, b.base_sequence)
+            _check_numbers(numbers, f"batch {b!r}")
         if b.position < 0 or b.size < 0 or b.span < 1 or not 0 <= b.record_count <= b.span:
             raise SequencerError(
                 f"malformed batch for stream {b.stream!r}: position={b.position} "
@@ -319,9 +399,7 @@ def check_new_batches(
     high = max(b.last_offset for b in olds)
     previous_last = low - 1
     for b in news:
-        if not isinstance(b, BatchLocation):
-            raise SequencerError(f"new batches are BatchLocation items, not {type(b).__name__}")
-        check_object_key(b.object_key)
+        check_location(b, stream)
         if b.position < 0 or b.size < 0 or b.last_offset < b.base_offset:
             raise SequencerError(f"malformed replacement batch for stream {stream!r}: {b}")
         if b.base_offset <= previous_last or b.last_offset > high:

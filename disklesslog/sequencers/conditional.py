@@ -29,7 +29,7 @@ from fsspec.implementations.memory import MemoryFileSystem
 
 from ..errors import SequencerError
 
-__all__ = ["put_if_absent"]
+__all__ = ["is_local", "put_if_absent"]
 
 _MEMORY_LOCK = threading.Lock()
 
@@ -41,7 +41,7 @@ def put_if_absent(fs: Any, path: str, data: bytes) -> bool:
     content; nothing was changed). Other failures (network, permissions) raise, and
     then the caller cannot know whether the object was created: it must read it back.
     """
-    if _is_local(fs):
+    if is_local(fs):
         return _link_into_place(path, data)
     if isinstance(fs, MemoryFileSystem):
         with _MEMORY_LOCK:
@@ -56,7 +56,8 @@ def put_if_absent(fs: Any, path: str, data: bytes) -> bool:
     return True
 
 
-def _is_local(fs: Any) -> bool:
+def is_local(fs: Any) -> bool:
+    """Whether ``fs`` is the local filesystem (where renames and hard links are atomic)."""
     protocol = fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,)
     return "file" in protocol or "local" in protocol
 

@@ -27,28 +27,34 @@ Consequences worth knowing:
   ``checkpoint_every`` entries, further apart as the state grows (so their cost per
   entry stays bounded); a process opening the log loads the newest and replays what
   follows. Entries and checkpoints older than a checkpoint that is itself older
-  than ``entry_retention_seconds`` are deleted. A replica that has not confirmed its
-  tail for a quarter of that time lists the checkpoints before trusting a missing entry,
-  so an entry deleted under it can never be mistaken for a free number.
+  than ``entry_retention_seconds`` (and intact) are deleted. A replica that has not
+  confirmed its tail for a quarter of that time lists the checkpoints before trusting a
+  missing entry, so an entry deleted under it can never be mistaken for a free number.
 * Reading state never writes: readers fetch the next entry numbers until one is missing.
+* **Damage is never skipped.** Entries and checkpoints are checksummed and checked
+  whole before anything of them is applied (:mod:`.objectstore_format`), and every entry
+  names the history it was written after. A damaged entry is read once more, then
+  passed only by loading an intact checkpoint that covers it (the state of a replica
+  that applied it); a damaged checkpoint is passed by an older one and the entries
+  after it. Each such repair is logged. Without an intact route, the replica stops
+  before the damage with :class:`~disklesslog.SequencerDamaged`: every replica either
+  has the state every other one has, or raises. Storage calls retry transient failures
+  (:mod:`.objectstore_storage`).
 """
 
 from __future__ import annotations
 
 import collections
 import contextlib
+import dataclasses
 import logging
 import random
-import re
 import secrets
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
-
-import msgpack
-import zstandard
 
 from ..api import validate_stream_name
 from ..errors import (
@@ -58,6 +64,7 @@ from ..errors import (
     InvalidURL,
     LogClosedError,
     SequencerConflict,
+    SequencerDamaged,
     SequencerError,
 )
 from .base import (
@@ -73,6 +80,7 @@ from .common import (
     Clock,
     check_batches,
     check_keys,
+    check_location,
     check_object_key,
     check_offsets,
     check_old_ids,
@@ -80,17 +88,25 @@ from .common import (
     check_transaction,
     config_copy,
 )
-from .conditional import put_if_absent
 from .memory import MemorySequencer
+from .objectstore_format import (
+    CHAIN_START,
+    CHECKPOINT_MAGIC_V1,
+    Entry,
+    chain,
+    decode_body,
+    decode_checkpoint,
+    decode_entry,
+    encode_checkpoint,
+    encode_entry,
+    entry_body,
+    verify_checkpoint,
+)
+from .objectstore_storage import CheckpointName, SequencerStorage
 
 __all__ = ["ObjectStoreSequencer", "open_objectstore_sequencer"]
 
 log = logging.getLogger(__name__)
-
-ENTRY_MAGIC = b"DLSQE1"
-"""First bytes of an entry object (format version 1)."""
-CHECKPOINT_MAGIC = b"DLSQC1"
-"""First bytes of a checkpoint object (format version 1, zstd-compressed msgpack)."""
 
 MAX_OPS_PER_ENTRY = 512
 """Operations one group commit writes at most (bounds an entry's size)."""
@@ -101,8 +117,9 @@ CHECKPOINT_BATCHES_PER_ENTRY = 40
 over the entries it saves a replay of)."""
 PREFETCH = 8
 """Entries fetched at once while catching up (one concurrent request batch)."""
-
-_CHECKPOINT_NAME = re.compile(r"^(\d{20})-(\d{13})$")
+CHECKPOINT_LISTINGS = 3
+"""Listings of the checkpoints one load tries when the chosen one vanishes meanwhile
+(deleted as superseded by a newer one, which the next listing shows)."""
 
 
 @dataclass
@@ -121,20 +138,15 @@ class _Slot:
 
 
 @dataclass
-class _Checkpoint:
-    entry: int
-    millis: int
-    path: str
-
-
-@dataclass
 class _Replica:
-    """The state as of entry ``tail``: the memory sequencer plus the ids of recent
-    entries (part of the replicated state: every replica ignores the same repeats)."""
+    """The state as of entry ``tail``: the memory sequencer, the ids of recent entries
+    (part of the replicated state: every replica ignores the same repeats) and the
+    chain digest of the entries applied (which every new entry must name)."""
 
     state: MemorySequencer
     tail: int = 0
     recent: collections.OrderedDict[bytes, None] = field(default_factory=collections.OrderedDict)
+    chain: bytes = CHAIN_START
 
 
 class ObjectStoreSequencer(Sequencer):
@@ -146,7 +158,10 @@ class ObjectStoreSequencer(Sequencer):
     ``entry_retention_seconds``: how long entries and checkpoints superseded by a newer
     checkpoint are kept (a grace period for replicas reading them). ``max_attempts``:
     lost races tolerated per write before :class:`SequencerConflict`. ``clock``: the
-    wall clock stamped into entries (when objects became garbage).
+    wall clock stamped into entries (when objects became garbage). ``repair``: open even
+    if the stored state is damaged (the replica stops before the damage; every read and
+    write still raises :class:`SequencerDamaged`), to call :meth:`verify`,
+    :meth:`write_checkpoint` or :meth:`discard_entry` (``docs/operations.md``).
     """
 
     def __init__(
@@ -159,6 +174,7 @@ class ObjectStoreSequencer(Sequencer):
         checkpoint_every: int = 100,
         entry_retention_seconds: float = 600.0,
         max_attempts: int = 300,
+        repair: bool = False,
     ) -> None:
         if type(checkpoint_every) is not int or checkpoint_every < 1:
             raise ConfigError("checkpoint_every must be an int >= 1")
@@ -166,10 +182,9 @@ class ObjectStoreSequencer(Sequencer):
             raise ConfigError("entry_retention_seconds must be a positive number of seconds")
         if type(max_attempts) is not int or max_attempts < 1:
             raise ConfigError("max_attempts must be an int >= 1")
-        self._fs = fs
-        self._root = root.rstrip("/")
         protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
-        self.url = url or f"objectstore+{protocol}://{self._root}"
+        self.url = url or f"objectstore+{protocol}://{root.rstrip('/')}"
+        self._storage = SequencerStorage(fs, root, self.url)
         self._clock = clock
         self._checkpoint_every = checkpoint_every
         self._retention = float(entry_retention_seconds)
@@ -181,6 +196,8 @@ class ObjectStoreSequencer(Sequencer):
         self._fetch_lock = threading.Lock()  # one catch-up at a time (single flight)
         self._replica = self._empty_replica()
         self._confirmed = -float("inf")  # monotonic time the tail was last known current
+        self._floor: CheckpointName | None = None  # a damaged checkpoint replay must pass
+        self._broken: SequencerError | None = None  # an entry failed to apply whole
         self._awaiting: dict[bytes, list[_Slot]] = {}
         self._queue: list[_Slot] = []
         self._queue_cond = threading.Condition()
@@ -188,7 +205,12 @@ class ObjectStoreSequencer(Sequencer):
         self._last_cleanup = -float("inf")
         self._closed = False
         self._zstd_level = 3
-        self._catch_up()
+        try:
+            self._catch_up()
+        except SequencerDamaged as exc:
+            if not repair:
+                raise
+            log.warning("%s: opened for repair; the replica stopped before: %s", self.url, exc)
 
     def __repr__(self) -> str:
         return f"ObjectStoreSequencer({self.url})"
@@ -313,8 +335,7 @@ class ObjectStoreSequencer(Sequencer):
         ids = check_old_ids(old_batch_ids)
         news = []
         for b in new_batches:
-            if not isinstance(b, BatchLocation):
-                raise SequencerError(f"new batches are BatchLocation items, not {type(b).__name__}")
+            check_location(b, stream)
             news.append(
                 [b.object_key, b.position, b.size, b.base_offset, b.last_offset, b.max_timestamp]
             )
@@ -322,7 +343,7 @@ class ObjectStoreSequencer(Sequencer):
         return result
 
     def forget_objects(self, object_keys: Sequence[str]) -> None:
-        self._submit(["forget_objects", check_keys(object_keys)])
+        self._submit(["forget_objects", list(check_keys(object_keys))])
 
     def commit_offsets(self, group: str, offsets: Mapping[str, int]) -> None:
         self._submit(["commit_offsets", group, check_offsets(group, offsets)])
@@ -367,14 +388,15 @@ class ObjectStoreSequencer(Sequencer):
             if checkpoint is not None:
                 self._write_checkpoint(*checkpoint)
 
-    def _write(self, group: list[_Slot]) -> tuple[int, dict[str, Any], list[bytes]] | None:
+    def _write(self, group: list[_Slot]) -> tuple[int, dict[str, Any], list[bytes], bytes] | None:
         """Write ``group`` as one entry at the next free number and apply it. Returns
-        ``(entry, snapshot, recent entry ids)`` when this entry is due a checkpoint."""
+        ``(entry, snapshot, recent entry ids, chain digest)`` when this entry is due a
+        checkpoint. The body is packed once; each number tried gets its own header (the
+        number and the chain digest of the entries before it)."""
         entry_id = secrets.token_bytes(16)
-        data = ENTRY_MAGIC + msgpack.packb(
-            [entry_id, float(self._clock()), [s.op for s in group]], use_bin_type=True
-        )
-        decoded = _decode_entry(data, "a new entry")
+        body = entry_body(entry_id, float(self._clock()), [s.op for s in group])
+        # Checked as every replica will check it, so it applies the same here as there.
+        decoded = decode_body(body, CHAIN_START, "a new entry")
         with self._lock:
             self._awaiting[entry_id] = group
         try:
@@ -382,22 +404,23 @@ class ObjectStoreSequencer(Sequencer):
                 if time.monotonic() - self._confirmed > self._fresh_window:
                     self._catch_up()
                 with self._lock:
-                    number = self._replica.tail + 1
+                    number, previous = self._replica.tail + 1, self._replica.chain
+                data = encode_entry(number, previous, body)
                 started = time.monotonic()
-                created = self._put_entry(number, data)
+                created = self._storage.create(self._storage.entry_path(number), data)
                 with self._lock:
                     applied = created and self._replica.tail == number - 1
                     if applied:
                         self._confirmed = max(self._confirmed, started)
-                        self._apply(number, decoded)
+                        self._apply(number, dataclasses.replace(decoded, previous=previous), data)
                 if not applied:  # lost the race, or a reader applied ours: read what we missed
                     self._catch_up()
                 with self._lock:
                     if all(s.done for s in group):
                         due = created and self._checkpoint_due(number)
                         if due and self._replica.tail == number:
-                            replica = self._replica
-                            return number, replica.state.snapshot(), list(replica.recent)
+                            r = self._replica
+                            return number, r.state.snapshot(), list(r.recent), r.chain
                         return None
                 time.sleep(random.uniform(0, min(0.05, 0.0005 * 2 ** min(attempt, 10))))
             raise SequencerConflict(
@@ -421,81 +444,88 @@ class ObjectStoreSequencer(Sequencer):
         stride = 1 << max(0, wanted.bit_length() - 1) if wanted else 1
         return (number // self._checkpoint_every) % stride == 0
 
-    def _put_entry(self, number: int, data: bytes) -> bool:
-        """Put-if-absent with retries of failures whose outcome is unknown. A retry that
-        finds the entry present reports a lost race; the caller's catch-up then reads
-        it back and recognises its own entry id if the first attempt had succeeded."""
-        path = self._entry_path(number)
-        delay = 0.02
-        for attempt in range(1, 6):
-            try:
-                return put_if_absent(self._fs, path, data)
-            except DisklessLogError:
-                raise
-            except Exception as exc:  # clients' own transient errors are not OSErrors
-                if attempt == 5:
-                    raise OSError(
-                        f"{self.url}: could not write sequencer entry {number}: {exc}; the "
-                        "operation may or may not have been applied"
-                    ) from exc
-                time.sleep(delay * (0.5 + random.random()))
-                delay *= 2
-        raise AssertionError("unreachable")
-
     # -------------------------------------------------------------- replaying
 
     def _catch_up(self, asked: float | None = None) -> None:
         """Apply every entry after the tail; if the tail was not confirmed recently,
         first load a newer checkpoint if there is one. One thread fetches at a time, and
         a caller that ``asked`` at a monotonic time is content with any catch-up that
-        began after it. Entries are fetched without the state lock and applied with it,
-        skipping those a writer of this process applied meanwhile."""
+        began after it. Entries are fetched and checked without the state lock and
+        applied with it, skipping those a writer of this process applied meanwhile. A
+        damaged entry stops the batch before it (:meth:`_pass_damage`)."""
         with self._fetch_lock:
             if asked is not None and self._confirmed >= asked:
                 return
             started = time.monotonic()
             if started - self._confirmed > self._fresh_window:
-                self._load_newest_checkpoint()
+                self._load_checkpoint(self._storage.checkpoints(), self._replica.tail + 1)
             window = 1
             while True:
                 number = self._replica.tail + 1
-                found = self._get_many(number, window)
+                checked: list[tuple[int, Entry, bytes]] = []
+                missing: int | None = None
+                stop: tuple[int, DisklessLogError] | None = None
+                for at, data in enumerate(self._storage.get_entries(number, window), number):
+                    if data is None:
+                        missing = at
+                        break
+                    try:
+                        checked.append((at, decode_entry(data, at, self._path(at)), data))
+                    except DisklessLogError as exc:  # damage, or a newer release's entry
+                        stop = at, exc
+                        break
                 with self._lock:
-                    for i, data in enumerate(found):
-                        at = number + i
-                        if at <= self._replica.tail:  # applied by a writer meanwhile
-                            continue
-                        if data is None:
-                            self._confirmed = max(self._confirmed, started)
-                            return
-                        self._apply(at, _decode_entry(data, self._entry_path(at)))
+                    for at, entry, data in checked:
+                        if at > self._replica.tail:  # else applied by a writer meanwhile
+                            self._apply(at, entry, data)
+                    if missing is not None and missing > self._replica.tail:
+                        self._check_end(missing)
+                        self._confirmed = max(self._confirmed, started)
+                        return
+                if stop is not None:
+                    self._pass_damage(*stop)
+                    window = 1
+                    continue
                 # Behind: fetch more entries at a time while every one of them exists
                 # (s3fs, gcsfs and adlfs send the requests of one call concurrently).
                 window = min(window * 2, PREFETCH)
 
-    def _apply(self, number: int, entry: tuple[bytes, float, list[Any]]) -> None:
-        entry_id, stamp, ops = entry
+    def _apply(self, number: int, entry: Entry, data: bytes) -> None:
+        """Apply entry ``number`` whole (its operations were checked when decoded), or
+        nothing of it. Caller holds the state lock."""
         replica = self._replica
         if number != replica.tail + 1:
             raise AssertionError(f"entry {number} applied after {replica.tail}")
-        unknown = sorted({str(op[0]) for op in ops if not op or op[0] not in _OPS})
-        if unknown:  # replaying past it would make this replica differ from newer ones
-            raise SequencerError(
-                f"{self.url}: entry {number} holds operations this version of disklesslog "
-                f"does not know ({', '.join(unknown)}): upgrade disklesslog"
+        if entry.previous is not None and entry.previous != replica.chain:
+            raise SequencerDamaged(
+                f"entry {number} was written after another history than the one this "
+                f"process applied up to entry {number - 1} (an entry was replaced "
+                "underneath a running process); this process stopped before it. Restart "
+                "the processes using the log; see docs/operations.md",
+                source=self._path(number),
             )
         outcomes: list[tuple[Any, BaseException | None]] = []
-        if entry_id not in replica.recent:
-            self._replay_time = stamp
+        if entry.entry_id not in replica.recent:
+            self._replay_time = entry.timestamp
             try:
-                outcomes = [_apply_op(replica.state, op) for op in ops]
+                outcomes = [_apply_op(replica.state, op) for op in entry.ops]
+            except Exception as exc:  # not a verdict: the replica may hold part of it
+                self._broken = SequencerError(
+                    f"{self.url}: entry {number} could not be applied whole ({exc!r}); this "
+                    "replica is no longer trusted: reopen the log"
+                )
+                raise self._broken from exc
             finally:
                 self._replay_time = None
-            replica.recent[entry_id] = None
+            replica.recent[entry.entry_id] = None
             if len(replica.recent) > RECENT_ENTRY_IDS:
                 replica.recent.popitem(last=False)
+        if entry.previous is not None:  # a version 1 entry leaves the chain as it is
+            replica.chain = chain(replica.chain, data)
         replica.tail = number
-        slots = self._awaiting.pop(entry_id, None)
+        if self._floor is not None and number >= self._floor.entry:
+            self._floor = None
+        slots = self._awaiting.pop(entry.entry_id, None)
         if slots is None:
             return
         if not outcomes:  # our entry was applied before, and its outcome is gone
@@ -503,6 +533,58 @@ class ObjectStoreSequencer(Sequencer):
             return
         for slot, (value, error) in zip(slots, outcomes, strict=True):
             slot.value, slot.error, slot.done = value, error, True
+
+    def _check_end(self, missing: int) -> None:
+        """A missing entry ends the log, unless a damaged checkpoint passed over says the
+        log goes further: then the entries that would replace it were deleted."""
+        floor = self._floor
+        if floor is not None and missing <= floor.entry:
+            raise SequencerDamaged(
+                f"checkpoint of entry {floor.entry} is damaged, and entry {missing}, which "
+                "replaying past it from an older checkpoint needs, was deleted (superseded "
+                "by it). A process whose tail reached it can write a checkpoint "
+                "(write_checkpoint()); see docs/operations.md",
+                source=floor.path,
+            )
+
+    def _pass_damage(self, number: int, damage: DisklessLogError) -> None:
+        """Entry ``number`` did not decode. An entry of a newer release stops replay
+        (skipping it would make this replica differ from newer ones). Damage is read once
+        more (it may have been in transit), then passed only by loading an intact
+        checkpoint that covers it: the state of a replica that applied the entry.
+        Otherwise this replica stops before it, as every other one does."""
+        if not isinstance(damage, CorruptDataError):
+            raise damage
+        path = self._path(number)
+        with self._lock:
+            if number <= self._replica.tail:  # a writer of ours applied it meanwhile
+                return
+        data = self._storage.get(path)
+        if data is not None:
+            try:
+                entry = decode_entry(data, number, path)
+            except CorruptDataError:
+                pass
+            else:
+                log.warning("%s: %s read damaged, then intact (%s)", self.url, path, damage.reason)
+                with self._lock:
+                    if number == self._replica.tail + 1:
+                        self._apply(number, entry, data)
+                return
+        if self._load_checkpoint(self._storage.checkpoints(), number) is not None:
+            log.warning(
+                "%s: entry %s is damaged (%s); replaced by a checkpoint that covers it",
+                self.url,
+                path,
+                damage.reason,
+            )
+            return
+        raise SequencerDamaged(
+            f"entry {number} is damaged ({damage.reason}) and no intact checkpoint covers "
+            f"it; this process stopped before it. A process whose tail reached {number} "
+            "can write one (write_checkpoint()); see docs/operations.md",
+            source=path,
+        )
 
     def _outcome_lost(self, slots: list[_Slot]) -> None:
         """Our entry was applied but we could not watch it happen (it came back inside a
@@ -526,141 +608,259 @@ class ObjectStoreSequencer(Sequencer):
 
     # ----------------------------------------------------------- checkpoints
 
-    def _load_newest_checkpoint(self) -> None:
-        checkpoints = self._list_checkpoints()
-        if not checkpoints or checkpoints[-1].entry <= self._replica.tail:
-            return
-        newest = checkpoints[-1]
-        data = self._get(newest.path)
-        if data is None:
-            raise SequencerError(f"{self.url}: checkpoint {newest.path} vanished while read")
-        loaded = self._decode_checkpoint(data, newest)
+    def _load_checkpoint(self, listed: list[CheckpointName], first: int) -> CheckpointName | None:
+        """Load the newest intact checkpoint of an entry ``>= first`` (a later state than
+        the replica's). A damaged one is logged and passed over for an older one; the
+        log reaches at least its entry, so that becomes the floor replay must reach
+        (:meth:`_check_end`). One that vanished meanwhile was deleted as superseded by
+        a newer one (and so were the entries it covers): the checkpoints are listed
+        again, a few times, then :class:`SequencerError`. Returns what was loaded."""
+        damaged: list[CheckpointName] = []
+        vanished: CheckpointName | None = None
+        for _ in range(CHECKPOINT_LISTINGS):
+            vanished = None
+            for candidate in reversed([c for c in listed if c.entry >= first]):
+                data = self._storage.get(candidate.path)
+                if data is None:
+                    vanished = candidate
+                    break
+                try:
+                    loaded = self._decode_checkpoint(data, candidate)
+                except CorruptDataError as exc:
+                    log.warning(
+                        "%s: checkpoint %s is damaged (%s); trying an older route",
+                        self.url,
+                        candidate.path,
+                        exc.reason,
+                    )
+                    damaged.append(candidate)
+                    continue
+                self._set_floor(damaged)
+                self._install(loaded)
+                return candidate
+            if vanished is None:
+                break
+            listed = self._storage.checkpoints()
+        if vanished is not None:
+            raise SequencerError(
+                f"{self.url}: checkpoint {vanished.path} vanished while read, "
+                f"{CHECKPOINT_LISTINGS} times (deleted as superseded); try again"
+            )
+        self._set_floor(damaged)
+        return None
+
+    def _set_floor(self, damaged: list[CheckpointName]) -> None:
+        with self._lock:
+            for c in damaged:
+                if c.entry > self._replica.tail and (
+                    self._floor is None or c.entry > self._floor.entry
+                ):
+                    self._floor = c
+
+    def _install(self, loaded: _Replica) -> None:
         with self._lock:
             if loaded.tail <= self._replica.tail:  # a writer of ours got further meanwhile
                 return
             self._replica = loaded
+            if self._floor is not None and loaded.tail >= self._floor.entry:
+                self._floor = None
             for entry_id in [i for i in self._awaiting if i in loaded.recent]:
                 self._outcome_lost(self._awaiting.pop(entry_id))
 
-    def _write_checkpoint(self, entry: int, snapshot: dict[str, Any], recent: list[bytes]) -> None:
+    def _decode_checkpoint(self, data: bytes, checkpoint: CheckpointName) -> _Replica:
+        content = decode_checkpoint(data, checkpoint.entry, checkpoint.path)
+        try:
+            state = MemorySequencer.from_snapshot(content.state, clock=self._state_clock)
+        except Exception as exc:  # the shape was checked: this is the last line of defence
+            raise CorruptDataError(
+                f"the state does not load ({exc!r})", source=checkpoint.path
+            ) from None
+        recent = collections.OrderedDict((entry_id, None) for entry_id in content.recent)
+        return _Replica(state, checkpoint.entry, recent, content.chain)
+
+    def _write_checkpoint(
+        self, entry: int, snapshot: dict[str, Any], recent: list[bytes], digest: bytes
+    ) -> None:
         """Store the state as of ``entry``; then delete what a checkpoint older than the
         retention period supersedes. Failures only cost a longer replay later."""
-        millis = int(self._clock() * 1000)
-        body = msgpack.packb(
-            {"entry": entry, "state": snapshot, "recent": recent}, use_bin_type=True
-        )
-        data = CHECKPOINT_MAGIC + zstandard.ZstdCompressor(level=self._zstd_level).compress(body)
-        path = f"{self._root}/checkpoints/{entry:020d}-{millis:013d}"
         try:
-            put_if_absent(self._fs, path, data)
+            self._store_checkpoint(entry, snapshot, recent, digest)
             if time.monotonic() - self._last_cleanup > self._fresh_window:
                 self._last_cleanup = time.monotonic()
                 self.delete_superseded()
         except (OSError, TimeoutError):
-            log.warning("%s: could not write checkpoint %s", self.url, path, exc_info=True)
+            log.warning(
+                "%s: could not write the checkpoint of entry %d", self.url, entry, exc_info=True
+            )
+
+    def _store_checkpoint(
+        self, entry: int, snapshot: dict[str, Any], recent: list[bytes], digest: bytes
+    ) -> str:
+        data = encode_checkpoint(entry, snapshot, recent, digest, self._zstd_level)
+        path = self._storage.checkpoint_path(entry, int(self._clock() * 1000))
+        self._storage.create(path, data)
+        return path
 
     def delete_superseded(self) -> int:
         """Delete entries and checkpoints that a checkpoint older than
         ``entry_retention_seconds`` supersedes; returns how many objects went. Runs on
-        its own after checkpoints; safe to call from any process at any time."""
+        its own after checkpoints; safe to call from any process at any time.
+
+        The superseding checkpoint is read back and verified first (its CRC; a version 1
+        one decoded whole): the entries it supersedes are the only other route to its
+        state, so they stay while it is damaged, and an older intact one is used."""
         cutoff = (self._clock() - self._retention) * 1000
-        checkpoints = self._list_checkpoints()
-        old = [c for c in checkpoints if c.millis <= cutoff]
-        if not old:
+        checkpoints = self._storage.checkpoints()
+        keep = None
+        for candidate in reversed([c for c in checkpoints if c.millis <= cutoff]):
+            data = self._storage.get(candidate.path)
+            if data is None:
+                continue
+            try:
+                if data.startswith(CHECKPOINT_MAGIC_V1):
+                    decode_checkpoint(data, candidate.entry, candidate.path)
+                else:
+                    verify_checkpoint(data, candidate.entry, candidate.path)
+            except CorruptDataError as exc:
+                log.warning(
+                    "%s: checkpoint %s is damaged (%s)", self.url, candidate.path, exc.reason
+                )
+                continue
+            keep = candidate
+            break
+        if keep is None:
             return 0
-        keep = max(old, key=lambda c: c.entry)
         doomed = [c.path for c in checkpoints if c.entry < keep.entry]
-        for path in self._ls(f"{self._root}/log"):
-            name = path.rstrip("/").rsplit("/", 1)[-1]
-            if name.isdigit() and len(name) == 20 and int(name) <= keep.entry:
-                doomed.append(path)
+        doomed += [path for number, path in self._storage.entries() if number <= keep.entry]
         for path in doomed:
-            with contextlib.suppress(FileNotFoundError):
-                self._fs.rm_file(path)
+            self._storage.delete(path)
         return len(doomed)
 
-    def _list_checkpoints(self) -> list[_Checkpoint]:
-        found = []
-        for path in self._ls(f"{self._root}/checkpoints"):
-            match = _CHECKPOINT_NAME.match(path.rstrip("/").rsplit("/", 1)[-1])
-            if match:
-                found.append(_Checkpoint(int(match[1]), int(match[2]), path))
-        return sorted(found, key=lambda c: c.entry)
+    # ---------------------------------------------------------------- repair
 
-    def _decode_checkpoint(self, data: bytes, checkpoint: _Checkpoint) -> _Replica:
-        if not data.startswith(CHECKPOINT_MAGIC):
-            raise CorruptDataError(
-                f"{checkpoint.path} is not a disklesslog sequencer checkpoint",
-                source=checkpoint.path,
+    def write_checkpoint(self) -> str:
+        """Store this replica's state as a checkpoint now, as of its tail; returns the
+        checkpoint's path. Writes even if the log has damage past the tail.
+
+        This is the repair of a damaged entry: a process whose replica applied it (its
+        :attr:`tail` is at or past the entry) writes a checkpoint, and every replica
+        stopped before the damage loads it instead (``docs/operations.md``)."""
+        self._check_open()
+        with contextlib.suppress(SequencerDamaged):  # as far as this replica can get
+            self._catch_up()
+        with self._lock:
+            r = self._replica
+            entry, snapshot, recent, digest = r.tail, r.state.snapshot(), list(r.recent), r.chain
+        path = self._store_checkpoint(entry, snapshot, recent, digest)
+        log.info("%s: wrote checkpoint %s on request", self.url, path)
+        return path
+
+    def verify(self) -> list[CorruptDataError]:
+        """Read every entry and checkpoint in storage and return what is damaged (each
+        error's ``source`` names an object, ``reason`` says what is wrong); changes
+        nothing. Entries are checked against their neighbours too: each must name the
+        chain digest its predecessor (or a checkpoint of the entry before it) leads to."""
+        found: list[CorruptDataError] = []
+        anchors = {0: CHAIN_START}  # entry -> chain digest after it, from checkpoints
+        for c in self._storage.checkpoints():
+            data = self._storage.get(c.path)
+            if data is None:
+                continue
+            try:
+                anchors[c.entry] = self._decode_checkpoint(data, c).chain
+            except CorruptDataError as exc:
+                found.append(exc)
+        expected: tuple[int, bytes] | None = None  # (number, chain digest after it)
+        for number, path in self._storage.entries():
+            data = self._storage.get(path)
+            if data is None:
+                continue
+            if (expected is None or expected[0] != number - 1) and number - 1 in anchors:
+                expected = (number - 1, anchors[number - 1])
+            try:
+                entry = decode_entry(data, number, path)
+            except CorruptDataError as exc:
+                found.append(exc)
+                expected = None
+                continue
+            except SequencerError:  # a newer release's operation: not damage
+                expected = None
+                continue
+            if entry.previous is None:  # version 1: the chain does not move
+                if expected is not None and expected[0] == number - 1:
+                    expected = (number, expected[1])
+                continue
+            if expected is not None and expected[0] == number - 1 and entry.previous != expected[1]:
+                found.append(
+                    CorruptDataError(
+                        f"entry {number} does not follow entry {number - 1} (another history)",
+                        source=path,
+                    )
+                )
+            expected = (number, chain(entry.previous, data))
+        return found
+
+    def discard_entry(self, number: int, reason: str) -> None:
+        """Replace damaged entry ``number``, the last of the log, by one that applies
+        nothing: the last resort when no process has the entry's state and its bytes
+        cannot be restored. Its operations are lost (records a writer saw acknowledged
+        among them included), as a torn tail is lost. Every other process using the log
+        must be stopped first; one that did apply the entry is stopped by the chain of
+        digests instead of silently diverging. ``reason`` is stored in the new entry.
+
+        Refused (:class:`SequencerError`) unless the entry is damaged, no entry follows
+        it, no intact checkpoint covers it, and this replica stopped right before it."""
+        if type(number) is not int or number < 1:
+            raise ConfigError(f"an entry number is an int >= 1, not {number!r}")
+        if not isinstance(reason, str) or not reason:
+            raise ConfigError("say why the entry is discarded (a non-empty str)")
+        self._check_open()
+        path = self._path(number)
+        data = self._storage.get(path)
+        if data is None:
+            raise SequencerError(f"{path} does not exist; nothing to discard")
+        try:
+            decode_entry(data, number, path)
+        except CorruptDataError:
+            pass
+        else:
+            raise SequencerError(f"{path} is intact; it is not discarded")
+        later = [n for n, _ in self._storage.entries() if n > number]
+        if later or self._storage.get(self._path(number + 1)) is not None:
+            raise SequencerError(
+                f"entries after {number} exist, written by a process that applied it: write "
+                "a checkpoint from a process whose tail reached it, or restore its bytes"
             )
         try:
-            body = zstandard.ZstdDecompressor().decompress(data[len(CHECKPOINT_MAGIC) :])
-            content = msgpack.unpackb(body, raw=False, strict_map_key=False)
-            state = MemorySequencer.from_snapshot(content["state"], clock=self._state_clock)
-            recent = collections.OrderedDict((bytes(i), None) for i in content["recent"])
-            entry = int(content["entry"])
-        except (zstandard.ZstdError, ValueError, KeyError, TypeError) as exc:
-            raise CorruptDataError(
-                f"{checkpoint.path}: damaged sequencer checkpoint ({exc})",
-                source=checkpoint.path,
-            ) from None
-        if entry != checkpoint.entry:
-            raise CorruptDataError(f"{checkpoint.path} holds entry {entry}", source=checkpoint.path)
-        return _Replica(state, entry, recent)
+            self._catch_up()
+        except SequencerDamaged as exc:
+            if exc.source != path:
+                raise
+        if self._replica.tail != number - 1:
+            raise SequencerError(
+                f"this process's tail is {self._replica.tail}: entry {number} is not where "
+                "it stopped (a checkpoint may cover it: then nothing needs discarding)"
+            )
+        body = entry_body(secrets.token_bytes(16), float(self._clock()), [["discard", reason]])
+        with self._lock:
+            void = encode_entry(number, self._replica.chain, body)
+        self._storage.replace(path, void)
+        log.warning("%s: discarded damaged entry %s: %s", self.url, path, reason)
+        self._catch_up()
 
     # ------------------------------------------------------------- storage
 
-    def _entry_path(self, number: int) -> str:
-        return f"{self._root}/log/{number:020d}"
-
-    def _get_many(self, first: int, count: int) -> list[bytes | None]:
-        """Entries ``first .. first + count - 1`` (None where missing)."""
-        if count == 1:
-            return [self._get(self._entry_path(first))]
-        paths = [self._entry_path(first + i) for i in range(count)]
-        fetched = self._fs.cat(paths, on_error="return")
-        found: list[bytes | None] = []
-        for path in paths:
-            got = fetched.get(path, fetched.get(self._fs._strip_protocol(path)))
-            if got is None or isinstance(got, FileNotFoundError):
-                found.append(None)
-            elif isinstance(got, BaseException):
-                raise got
-            else:
-                found.append(bytes(got))
-        return found
-
-    def _get(self, path: str) -> bytes | None:
-        try:
-            return bytes(self._fs.cat_file(path))
-        except FileNotFoundError:
-            return None
-
-    def _ls(self, path: str) -> list[str]:
-        try:
-            names = self._fs.ls(path, detail=False)
-        except FileNotFoundError:
-            return []
-        return [str(n) for n in names]
+    def _path(self, number: int) -> str:
+        return self._storage.entry_path(number)
 
     def _check_open(self) -> None:
         if self._closed:
             raise LogClosedError(f"{self!r} was closed")
+        if self._broken is not None:
+            raise self._broken
 
 
 # ------------------------------------------------------------------ operations
-
-
-def _decode_entry(data: bytes, where: str) -> tuple[bytes, float, list[Any]]:
-    if not data.startswith(ENTRY_MAGIC):
-        raise CorruptDataError(f"{where} is not a disklesslog sequencer entry", source=where)
-    try:
-        entry_id, stamp, ops = msgpack.unpackb(
-            data[len(ENTRY_MAGIC) :], raw=False, strict_map_key=False
-        )
-    except (ValueError, TypeError) as exc:
-        raise CorruptDataError(f"{where}: damaged sequencer entry ({exc})", source=where) from None
-    return bytes(entry_id), float(stamp), list(ops)
 
 
 def _apply_op(state: MemorySequencer, op: list[Any]) -> tuple[Any, BaseException | None]:
@@ -702,23 +902,27 @@ def _commit_transaction(
     )
 
 
-def _create_stream(state: MemorySequencer, name: str, config: str) -> StreamMeta:
-    import json  # noqa: PLC0415 - only on stream creation
-
-    return state.create_stream(name, json.loads(config))
+def _create_stream(state: MemorySequencer, name: str, config: dict[str, Any]) -> StreamMeta:
+    return state.create_stream(name, config)
 
 
-def _alter_stream(state: MemorySequencer, name: str, changes: str) -> StreamMeta:
-    import json  # noqa: PLC0415 - only on stream changes
+def _alter_stream(state: MemorySequencer, name: str, changes: dict[str, Any]) -> StreamMeta:
+    return state.alter_stream(name, changes)
 
-    return state.alter_stream(name, json.loads(changes))
+
+def _discard(state: MemorySequencer, reason: str) -> None:
+    """What replaces an entry an operator discarded (:meth:`ObjectStoreSequencer.discard_entry`):
+    nothing is applied; every replay says so."""
+    log.warning(
+        "a sequencer entry was discarded by an operator (%s): its operations are lost", reason
+    )
 
 
 def _replace(state: MemorySequencer, stream: str, ids: list[int], news: list[list[Any]]) -> bool:
     return state.replace_batches(stream, ids, [BatchLocation(0, *row) for row in news])
 
 
-_OPS: dict[str, Callable[..., Any]] = {
+_OPS: dict[str, Callable[..., Any]] = {  # what each operation of objectstore_format.OPERATIONS does
     "commit": _commit,
     "commit_transaction": _commit_transaction,
     "create_stream": _create_stream,
@@ -730,14 +934,16 @@ _OPS: dict[str, Callable[..., Any]] = {
     "replace_batches": _replace,
     "forget_objects": MemorySequencer.forget_objects,
     "commit_offsets": MemorySequencer.commit_offsets,
+    "discard": _discard,
 }
 
 
-def open_objectstore_sequencer(url: str) -> ObjectStoreSequencer:
+def open_objectstore_sequencer(url: str, *, repair: bool = False) -> ObjectStoreSequencer:
     """``objectstore+PROTOCOL://path`` (e.g. ``objectstore+s3://bucket/log/_sequencer``,
     ``objectstore+file:///data/seq``): a sequencer stored at that fsspec location, with
     credentials from the environment. A log on object storage uses one inside itself by
-    default; pass an instance to give storage options of its own."""
+    default; pass an instance to give storage options of its own. ``repair`` opens a
+    damaged one for repair (see :class:`ObjectStoreSequencer`)."""
     from ..objects.storage import open_filesystem  # noqa: PLC0415 - avoids an import cycle
 
     scheme, sep, rest = url.partition("://")
@@ -748,4 +954,4 @@ def open_objectstore_sequencer(url: str) -> ObjectStoreSequencer:
             f"objectstore+file:///path, not {url!r}"
         )
     fs, root = open_filesystem(f"{protocol}://{rest}", None)
-    return ObjectStoreSequencer(fs, root, url=url)
+    return ObjectStoreSequencer(fs, root, url=url, repair=repair)

@@ -17,11 +17,12 @@ is libpq's: every query option it knows (``sslmode``, ``connect_timeout``,
     transaction (PostgreSQL's ``lock_timeout``), before it raises
     :class:`~disklesslog.errors.SequencerError`. ``connect_timeout`` defaults to 10 s.
 
-**Schema.** Tables are created by numbered migrations (:data:`SCHEMA_VERSION`) applied
-on open, each recorded in a ``schema_version`` table, all in one transaction under an
-advisory lock (``pg_advisory_xact_lock``) keyed by the schema name: processes opening
-together wait for one another instead of racing ``CREATE``, and a failed migration
-leaves nothing behind. A schema written by a newer disklesslog is refused untouched; a
+**Schema** (:mod:`~disklesslog.sequencers.postgres_schema`). Tables are created by
+numbered migrations (:data:`SCHEMA_VERSION`) applied on open, each recorded in a
+``schema_version`` table, all in one transaction under an advisory lock
+(``pg_advisory_xact_lock``) keyed by the schema name: processes opening together wait
+for one another instead of racing ``CREATE``, and a failed migration leaves nothing
+behind. A schema written by a newer disklesslog is refused untouched; a
 schema holding tables that are not a sequencer's is refused too. Identifiers are quoted
 with :class:`psycopg.sql.Identifier`; every value is a query parameter.
 
@@ -53,8 +54,16 @@ or a serialization failure (40001, not expected at READ COMMITTED), the whole ca
 retried with jittered, bounded backoff; it always re-reads the state it decides on.
 
 **Reads** are one statement each (one snapshot): ``find_batches`` reads the stream's
-extent and its first batches together, and continues through a server-side cursor of
+row and its first batches together, and continues through a server-side cursor of
 the same statement when a page needs more than :data:`_FIRST_PAGE_ROWS` batches.
+
+**Damage** (schema version 3): every row a later call trusts carries a CRC-32C of its
+columns, and a stream's batch rows prove themselves complete
+(:mod:`~disklesslog.sequencers.rows`); a mismatch is a
+:class:`~disklesslog.errors.CorruptDataError` naming the server, schema, table and row,
+as are PostgreSQL's own reports of damaged pages (SQLSTATE XX001, XX002). The commit
+keeps its four round trips: the object's row is inserted, or (a retried commit) locked
+by a no-op upsert and returned, then verified and counted by a fifth.
 
 **Connections** come from a :class:`psycopg_pool.ConnectionPool` (thread-safe, at most
 ``pool_size``). A connection found dead is replaced and the call retried when nothing
@@ -69,7 +78,7 @@ Needs the ``postgres`` extra: ``pip install 'disklesslog[postgres]'``.
 from __future__ import annotations
 
 import contextlib
-import json
+import itertools
 import math
 import operator
 import os
@@ -79,7 +88,7 @@ import threading
 import time
 import weakref
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import Any, TypeVar
 from urllib.parse import unquote, urlsplit, urlunsplit
@@ -87,6 +96,7 @@ from urllib.parse import unquote, urlsplit, urlunsplit
 from ..api import validate_group_name, validate_stream_name
 from ..errors import (
     ConfigError,
+    CorruptDataError,
     InvalidURL,
     LogClosedError,
     MissingDependencyError,
@@ -130,6 +140,19 @@ from .common import (
     transaction_ranges,
 )
 from .producers import ProducerStreamState
+from .rows import (
+    StateCache,
+    StreamRow,
+    Tiling,
+    check_garbage,
+    damaged_row,
+    greatest,
+    json_value,
+    name_key,
+    new_stream_row,
+    row_crc,
+    row_crcs,
+)
 
 try:
     import psycopg
@@ -144,6 +167,8 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
         "pip install 'disklesslog[postgres]'"
     ) from None
 
+from .postgres_schema import SCHEMA_VERSION, apply_migrations
+
 __all__ = [
     "DEFAULT_SCHEMA",
     "SCHEMA_VERSION",
@@ -154,9 +179,6 @@ __all__ = [
     "validate_schema_name",
 ]
 
-SCHEMA_VERSION = 2
-"""Version of the tables this code writes; a newer schema is refused, an older migrated."""
-
 DEFAULT_SCHEMA = "disklesslog"
 
 _SCHEMES = ("postgresql", "postgres")
@@ -164,6 +186,7 @@ _SCHEMA_NAME = re.compile(r"[a-z_][a-z0-9_]{0,62}")
 _OWN_OPTIONS = ("schema", "pool_size", "timeout")
 _DEFAULT_CONNECT_TIMEOUT = "10"  # seconds; libpq's default is to wait forever
 
+_DAMAGE_STATES = ("XX001", "XX002")  # data_corrupted, index_corrupted
 _RETRY_FIRST = 0.002  # seconds; deadlock/serialization retries back off up to _RETRY_MAX
 _RETRY_MAX = 0.1
 _RETRY_ATTEMPTS = 10
@@ -177,87 +200,14 @@ _CURSOR_ROWS = 1024  # rows per FETCH of that cursor
 T = TypeVar("T")
 Connection = psycopg.Connection[Any]
 
-# --------------------------------------------------------------------------- schema
-
-_MIGRATIONS: dict[int, tuple[str, tuple[str, ...]]] = {
-    1: (
-        "streams, producers, objects, batches, time index, consumer-group offsets",
-        (
-            # fillfactor: every commit rewrites its stream and producer-state rows; room
-            # on the page keeps those updates HOT (no index writes, pruned in place).
-            "CREATE TABLE {s}.streams ("
-            " id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,"  # never reused
-            ' name text COLLATE "C" NOT NULL UNIQUE,'  # C: sorts like Python, locks in order
-            " config text NOT NULL,"  # JSON text: jsonb would refuse \\u0000 in values
-            " start_offset bigint NOT NULL DEFAULT 0,"
-            " end_offset bigint NOT NULL DEFAULT 0,"
-            " max_timestamp bigint,"  # running max of committed batches (time index)
-            " unindexed bigint NOT NULL DEFAULT 0"  # batches since the last time-index entry
-            ") WITH (fillfactor = 50)",
-            "CREATE TABLE {s}.producers ("
-            " id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,"
-            ' name text COLLATE "C" UNIQUE,'  # NULL for anonymous producers
-            " epoch bigint NOT NULL)",
-            "CREATE TABLE {s}.producer_streams ("
-            " stream_id bigint NOT NULL,"
-            " producer_id bigint NOT NULL,"
-            " state text NOT NULL,"  # ProducerStreamState.to_json()
-            " PRIMARY KEY (stream_id, producer_id)"
-            ") WITH (fillfactor = 50)",
-            "CREATE TABLE {s}.objects ("
-            " id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,"
-            ' key text COLLATE "C" NOT NULL UNIQUE,'
-            " live_batches bigint NOT NULL,"
-            " dead_since double precision)",  # NULL while a live batch is in it
-            "CREATE INDEX objects_dead ON {s}.objects (dead_since) WHERE dead_since IS NOT NULL",
-            "CREATE TABLE {s}.batches ("
-            " id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,"  # stale ids stay stale
-            " stream_id bigint NOT NULL,"
-            " object_id bigint NOT NULL,"
-            " position bigint NOT NULL,"
-            " size bigint NOT NULL,"
-            " base_offset bigint NOT NULL,"
-            " last_offset bigint NOT NULL,"
-            " max_timestamp bigint NOT NULL)",
-            "CREATE UNIQUE INDEX batches_by_offset ON {s}.batches (stream_id, last_offset)",
-            "CREATE TABLE {s}.time_index ("
-            " stream_id bigint NOT NULL,"
-            " max_timestamp bigint NOT NULL,"
-            " next_offset bigint NOT NULL,"
-            " PRIMARY KEY (stream_id, max_timestamp))",
-            "CREATE TABLE {s}.group_offsets ("
-            ' group_name text COLLATE "C" NOT NULL,'
-            ' stream text COLLATE "C" NOT NULL,'
-            " next_offset bigint NOT NULL,"
-            " PRIMARY KEY (group_name, stream))",
-        ),
-    ),
-    2: (
-        "committed transaction ids (commit_transaction)",
-        (
-            "CREATE TABLE {s}.transactions ("
-            " seq bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,"  # commit order
-            ' id text COLLATE "C" NOT NULL UNIQUE,'
-            " committed_at double precision NOT NULL,"
-            " ranges text NOT NULL)",  # JSON {"stream": [first, end]}
-            "CREATE INDEX transactions_by_time ON {s}.transactions (committed_at)",
-        ),
-    ),
-}
-
-_CREATE_VERSION_TABLE = (
-    "CREATE TABLE {s}.schema_version ("
-    " version integer PRIMARY KEY,"
-    " description text NOT NULL,"
-    " applied_at timestamptz NOT NULL DEFAULT now())"
+_STREAM_COLUMNS = (
+    "id, name, config, start_offset, end_offset, max_timestamp, unindexed, tail_gap, crc"
 )
-_ADVISORY_LOCK_PREFIX = "disklesslog.sequencer.schema:"
-
-_LOCATION = "b.id, o.key, b.position, b.size, b.base_offset, b.last_offset, b.max_timestamp"
-_UPSERT_OBJECT = (
-    " ON CONFLICT (key) DO UPDATE SET live_batches = o.live_batches + excluded.live_batches,"
-    " dead_since = CASE WHEN excluded.live_batches > 0 THEN NULL ELSE o.dead_since END"
+_BATCH_COLUMNS = (  # what a batch's checksum covers (its object by key), its id, its object's id
+    "b.id, (SELECT o.key FROM {s}.objects AS o WHERE o.id = b.object_id), b.position, b.size,"
+    " b.base_offset, b.last_offset, b.max_timestamp, b.gap, b.crc, b.object_id"
 )
+_INT64_MAX = (1 << 63) - 1
 
 
 @dataclass(frozen=True)
@@ -265,34 +215,37 @@ class _Queries:
     """Every statement, as a template naming the schema ``{s}``; :meth:`render` quotes
     the schema once per sequencer (values are always ``%s`` parameters)."""
 
-    stream_row: str = "SELECT id, start_offset, end_offset, config FROM {s}.streams WHERE name = %s"
-    lock_stream: str = (
-        "SELECT id, start_offset, end_offset FROM {s}.streams WHERE name = %s FOR UPDATE"
+    stream_row: str = (  # the stream, and any whose name_key is its name's (rows.name_key)
+        f"SELECT {_STREAM_COLUMNS} FROM {{s}}.streams WHERE name = %s OR name_key = %s"
     )
-    list_streams: str = "SELECT name FROM {s}.streams ORDER BY name"
-    create_stream: str = (
-        "INSERT INTO {s}.streams (name, config) VALUES (%s, %s) ON CONFLICT (name) DO NOTHING"
-        " RETURNING id, start_offset, end_offset, config"
+    all_streams: str = f"SELECT {_STREAM_COLUMNS} FROM {{s}}.streams ORDER BY name"
+    lock_stream: str = f"SELECT {_STREAM_COLUMNS} FROM {{s}}.streams WHERE name = %s FOR UPDATE"
+    insert_stream: str = (
+        "INSERT INTO {s}.streams (name, config, name_key) VALUES (%s, %s, %s)"
+        " ON CONFLICT (name) DO NOTHING RETURNING id"
     )
-    lock_stream_config: str = "SELECT config FROM {s}.streams WHERE name = %s FOR UPDATE"
-    alter_stream: str = (
-        "UPDATE {s}.streams SET config = %s WHERE name = %s"
-        " RETURNING id, start_offset, end_offset, config"
+    stream_crc: str = "UPDATE {s}.streams SET crc = %s WHERE id = %s"
+    put_stream: str = (
+        "UPDATE {s}.streams SET config = %s, start_offset = %s, end_offset = %s,"
+        " max_timestamp = %s, unindexed = %s, tail_gap = %s, crc = %s WHERE id = %s"
     )
     delete_stream: str = (
         "WITH p AS (DELETE FROM {s}.producer_streams WHERE stream_id = %(id)s),"
-        " t AS (DELETE FROM {s}.time_index WHERE stream_id = %(id)s),"
-        " g AS (DELETE FROM {s}.group_offsets WHERE stream = %(name)s)"
+        " t AS (DELETE FROM {s}.time_index WHERE stream_id = %(id)s)"
         " DELETE FROM {s}.streams WHERE id = %(id)s"
     )
+    # The batch rows below an offset, deleted and returned (with their objects' keys,
+    # to verify them) in offset order.
     delete_batches_below: str = (
-        "WITH gone AS (DELETE FROM {s}.batches WHERE stream_id = %s AND last_offset < %s"
-        " RETURNING object_id) SELECT object_id, count(*) FROM gone GROUP BY object_id"
+        "WITH b AS (DELETE FROM {s}.batches WHERE stream_id = %s AND last_offset < %s"
+        " RETURNING *) SELECT " + _BATCH_COLUMNS + " FROM b ORDER BY b.last_offset"
     )
-    init_producer: str = (
-        "INSERT INTO {s}.producers AS p (name, epoch) VALUES (%s, 0)"
-        " ON CONFLICT (name) DO UPDATE SET epoch = p.epoch + 1 RETURNING id, epoch"
+    find_producer: str = "SELECT id, name, epoch, crc FROM {s}.producers WHERE name = %s FOR UPDATE"
+    insert_producer: str = (
+        "INSERT INTO {s}.producers (name, epoch) VALUES (%s, 0) ON CONFLICT (name) DO NOTHING"
+        " RETURNING id"
     )
+    put_producer: str = "UPDATE {s}.producers SET epoch = %s, crc = %s WHERE id = %s"
     # Commit: the locks and everything the rules decide on, in one statement. Streams
     # are locked in name order (rows are sorted before they are locked), producers
     # after them in id order. A locked row is the latest version, but the producer
@@ -300,58 +253,66 @@ class _Queries:
     # current only if no stream row changed since that snapshot (every change of a
     # stream's producer states also updates its row), which "fresh" tells by
     # comparing the locked row's xmin with the snapshot's. Otherwise load_states runs
-    # as a statement of its own, after the locks.
+    # as a statement of its own, after the locks. Rows of the three kinds share
+    # columns: (kind, id, text, number, crc, then the rest of a stream's row).
     lock_for_commit: str = (
-        "WITH s AS (SELECT id, name, end_offset, max_timestamp, unindexed, xmin AS version"
-        " FROM {s}.streams WHERE name = ANY(%(names)s::text[]) ORDER BY name FOR UPDATE),"
-        " p AS (SELECT id, epoch FROM {s}.producers WHERE id = ANY(%(producers)s::bigint[])"
-        " ORDER BY id FOR SHARE)"
-        " SELECT 0 AS kind, s.id, s.name, s.end_offset, s.max_timestamp, s.unindexed,"
+        "WITH s AS (SELECT id, name, config, start_offset, end_offset, max_timestamp, unindexed,"
+        " tail_gap, crc, xmin AS version FROM {s}.streams WHERE name = ANY(%(names)s::text[])"
+        " ORDER BY name FOR UPDATE),"
+        " p AS (SELECT id, name, epoch, crc FROM {s}.producers"
+        " WHERE id = ANY(%(producers)s::bigint[]) ORDER BY id FOR SHARE)"
+        " SELECT 0 AS kind, s.id, s.name, s.end_offset, s.crc, s.config, s.start_offset,"
+        " s.max_timestamp, s.unindexed, s.tail_gap,"
         " (SELECT v.xmin = s.version FROM {s}.streams AS v WHERE v.id = s.id) AS fresh"
         " FROM s"
-        " UNION ALL SELECT 1, id, NULL, epoch, NULL, NULL, NULL FROM p"
-        " UNION ALL SELECT 2, ps.stream_id, ps.state, ps.producer_id, NULL, NULL, NULL"
+        " UNION ALL SELECT 1, id, name, epoch, crc, NULL, NULL, NULL, NULL, NULL, NULL FROM p"
+        " UNION ALL SELECT 2, ps.stream_id, ps.state, ps.producer_id, ps.crc, NULL, NULL, NULL,"
+        " NULL, NULL, NULL"
         " FROM s CROSS JOIN LATERAL (SELECT * FROM {s}.producer_streams AS ps"
         " WHERE ps.stream_id = s.id AND ps.producer_id = ANY(%(producers)s::bigint[])"
         " OFFSET 0) AS ps"  # OFFSET 0: not flattened, so looked up by key per stream
     )
     load_states: str = (
-        "SELECT stream_id, producer_id, state FROM {s}.producer_streams"
+        "SELECT stream_id, producer_id, state, crc FROM {s}.producer_streams"
         " WHERE stream_id = ANY(%s::bigint[]) AND producer_id = ANY(%s::bigint[])"
     )
+    # The object's row is inserted, or (a retried commit) locked by a no-op update and
+    # returned as it was, for the caller to verify and count the batches in.
     write_commit: str = (
-        "WITH obj AS (INSERT INTO {s}.objects AS o (key, live_batches, dead_since)"
-        " VALUES (%(key)s, %(live)s,"
-        " CASE WHEN %(live)s > 0 THEN NULL ELSE %(now)s::double precision END)"
-        + _UPSERT_OBJECT
-        + " RETURNING id),"
+        "WITH obj AS (INSERT INTO {s}.objects AS o (key, live_batches, dead_since, crc)"
+        " VALUES (%(key)s, %(live)s, %(dead)s, %(crc)s)"
+        " ON CONFLICT (key) DO UPDATE SET key = excluded.key"
+        " RETURNING o.id, o.live_batches, o.dead_since, o.crc, o.xmax = 0 AS inserted),"
         " ins AS (INSERT INTO {s}.batches (stream_id, object_id, position, size, base_offset,"
-        " last_offset, max_timestamp) SELECT b.stream_id, obj.id, b.position, b.size,"
-        " b.base_offset, b.last_offset, b.max_timestamp FROM obj, unnest(%(b_stream)s::bigint[],"
-        " %(b_position)s::bigint[], %(b_size)s::bigint[], %(b_base)s::bigint[],"
-        " %(b_last)s::bigint[], %(b_ts)s::bigint[]) AS b(stream_id, position, size,"
-        " base_offset, last_offset, max_timestamp)),"
+        " last_offset, max_timestamp, gap, crc) SELECT b.stream_id, obj.id, b.position, b.size,"
+        " b.base_offset, b.last_offset, b.max_timestamp, b.gap, b.crc FROM obj,"
+        " unnest(%(b_stream)s::bigint[], %(b_position)s::bigint[], %(b_size)s::bigint[],"
+        " %(b_base)s::bigint[], %(b_last)s::bigint[], %(b_ts)s::bigint[], %(b_gap)s::bigint[],"
+        " %(b_crc)s::bigint[]) AS b(stream_id, position, size, base_offset, last_offset,"
+        " max_timestamp, gap, crc)),"
         " ext AS (UPDATE {s}.streams AS s SET end_offset = m.end_offset,"
-        " max_timestamp = m.max_timestamp, unindexed = m.unindexed"
+        " max_timestamp = m.max_timestamp, unindexed = m.unindexed, tail_gap = 0, crc = m.crc"
         " FROM unnest(%(s_id)s::bigint[], %(s_end)s::bigint[], %(s_ts)s::bigint[],"
-        " %(s_unindexed)s::bigint[]) AS m(id, end_offset, max_timestamp, unindexed)"
-        " WHERE s.id = m.id),"
-        " st AS (INSERT INTO {s}.producer_streams (stream_id, producer_id, state)"
-        " SELECT * FROM unnest(%(p_stream)s::bigint[], %(p_id)s::bigint[], %(p_state)s::text[])"
-        " ON CONFLICT (stream_id, producer_id) DO UPDATE SET state = excluded.state),"
-        " ti AS (INSERT INTO {s}.time_index (stream_id, max_timestamp, next_offset)"
+        " %(s_unindexed)s::bigint[], %(s_crc)s::bigint[])"
+        " AS m(id, end_offset, max_timestamp, unindexed, crc) WHERE s.id = m.id),"
+        " st AS (INSERT INTO {s}.producer_streams (stream_id, producer_id, state, crc)"
+        " SELECT * FROM unnest(%(p_stream)s::bigint[], %(p_id)s::bigint[], %(p_state)s::text[],"
+        " %(p_crc)s::bigint[])"
+        " ON CONFLICT (stream_id, producer_id) DO UPDATE SET state = excluded.state,"
+        " crc = excluded.crc),"
+        " ti AS (INSERT INTO {s}.time_index (stream_id, max_timestamp, next_offset, crc)"
         " SELECT * FROM unnest(%(t_stream)s::bigint[], %(t_ts)s::bigint[],"
-        " %(t_next)s::bigint[])"
-        " ON CONFLICT (stream_id, max_timestamp) DO UPDATE SET next_offset = excluded.next_offset)"
-        " SELECT id FROM obj"
+        " %(t_next)s::bigint[], %(t_crc)s::bigint[])"
+        " ON CONFLICT (stream_id, max_timestamp) DO UPDATE SET next_offset = excluded.next_offset,"
+        " crc = excluded.crc)"
+        " SELECT id, live_batches, dead_since, crc, inserted FROM obj"
     )
-    record_orphan: str = (
-        "INSERT INTO {s}.objects (key, live_batches, dead_since) VALUES (%s, 0, %s)"
-        " ON CONFLICT (key) DO NOTHING"
+    put_object: str = (
+        "UPDATE {s}.objects SET live_batches = %s, dead_since = %s, crc = %s WHERE id = %s"
     )
     record_orphans: str = (
-        "INSERT INTO {s}.objects (key, live_batches, dead_since)"
-        " SELECT k, 0, %s FROM unnest(%s::text[]) AS a(k) ORDER BY k"
+        "INSERT INTO {s}.objects (key, live_batches, dead_since, crc)"
+        " SELECT k, 0, %s, c FROM unnest(%s::text[], %s::bigint[]) AS a(k, c) ORDER BY k"
         " ON CONFLICT (key) DO NOTHING"
     )
     # Transactions: the id's row is inserted first, so a second commit of the same id
@@ -363,84 +324,143 @@ class _Queries:
         " ON CONFLICT (id) DO NOTHING RETURNING seq"
     )
     known_objects: str = "SELECT key FROM {s}.objects WHERE key = ANY(%s::text[])"
-    transaction_ranges: str = "SELECT ranges FROM {s}.transactions WHERE id = %s"
-    finish_transaction: str = "UPDATE {s}.transactions SET ranges = %s WHERE seq = %s"
+    transaction_ranges: str = (
+        "SELECT id, committed_at, ranges, crc FROM {s}.transactions WHERE id = %s"
+    )
+    finish_transaction: str = "UPDATE {s}.transactions SET ranges = %s, crc = %s WHERE seq = %s"
     forget_transactions_beyond: str = "DELETE FROM {s}.transactions WHERE seq <= %s - %s"
-    # Reads: the stream's extent and its batches in one statement, one snapshot.
+    # Reads: the stream's row and its batches in one statement, one snapshot. The
+    # stream's config (for its checksum) comes with the first row only.
     find_batches: str = (
-        "SELECT s.start_offset, s.end_offset, b.id,"
-        " (SELECT o.key FROM {s}.objects AS o WHERE o.id = b.object_id),"  # by primary key
-        " b.position, b.size, b.base_offset, b.last_offset, b.max_timestamp"
-        " FROM {s}.streams AS s"
-        " LEFT JOIN LATERAL (SELECT * FROM {s}.batches AS b WHERE b.stream_id = s.id"
+        "SELECT s.id, s.name, CASE WHEN coalesce(b.rn, 1) = 1 THEN s.config END,"
+        " s.start_offset, s.end_offset, s.max_timestamp, s.unindexed, s.tail_gap, s.crc, "
+        + _BATCH_COLUMNS
+        + " FROM {s}.streams AS s LEFT JOIN LATERAL (SELECT b.*, row_number() OVER"
+        " (ORDER BY b.last_offset) AS rn FROM {s}.batches AS b WHERE b.stream_id = s.id"
         " AND b.last_offset >= %(offset)s ORDER BY b.last_offset LIMIT %(limit)s) AS b ON true"
         " WHERE s.name = %(name)s ORDER BY b.last_offset"
     )
+    # The stream, the time-index entry below the timestamp, and every batch from where
+    # that entry lets the scan start up to the first batch as late as the timestamp:
+    # all verified, so none of them can move the answer unnoticed.
     offset_for_time: str = (
-        "SELECT s.start_offset, (SELECT b.base_offset FROM {s}.batches AS b"
-        " WHERE b.stream_id = s.id AND b.max_timestamp >= %(ts)s AND b.last_offset >="
-        " greatest(s.start_offset, (SELECT t.next_offset FROM {s}.time_index AS t"
+        "WITH s AS (SELECT " + _STREAM_COLUMNS + " FROM {s}.streams WHERE name = %(name)s),"
+        " t AS (SELECT t.max_timestamp, t.next_offset, t.crc FROM {s}.time_index AS t, s"
         " WHERE t.stream_id = s.id AND t.max_timestamp < %(ts)s"
-        " ORDER BY t.max_timestamp DESC LIMIT 1))"
+        " ORDER BY t.max_timestamp DESC LIMIT 1),"
+        " lo AS (SELECT greatest(s.start_offset, (SELECT next_offset FROM t)) AS lower FROM s"
+        " WHERE s.max_timestamp >= %(ts)s),"
+        " hit AS (SELECT b.last_offset FROM {s}.batches AS b, s, lo WHERE b.stream_id = s.id"
+        " AND b.last_offset >= lo.lower AND b.max_timestamp >= %(ts)s"
         " ORDER BY b.last_offset LIMIT 1)"
-        " FROM {s}.streams AS s WHERE s.name = %(name)s"
+        " SELECT s.*, t.max_timestamp, t.next_offset, t.crc, "
+        + _BATCH_COLUMNS
+        + " FROM s LEFT JOIN t ON true LEFT JOIN LATERAL (SELECT b.* FROM {s}.batches AS b, lo"
+        " WHERE b.stream_id = s.id AND b.last_offset >= lo.lower AND b.last_offset <="
+        f" coalesce((SELECT last_offset FROM hit), {_INT64_MAX}) ORDER BY b.last_offset) AS b"
+        " ON true ORDER BY b.last_offset"
     )
-    trim_rest: str = (
-        "WITH t AS (DELETE FROM {s}.time_index WHERE stream_id = %(id)s"
-        " AND next_offset <= %(before)s)"
-        " UPDATE {s}.streams SET start_offset = %(before)s WHERE id = %(id)s"
+    delete_time_index_below: str = (
+        "DELETE FROM {s}.time_index WHERE stream_id = %s AND next_offset <= %s"
     )
     # Objects: locked in id order before their counts change (no deadlock between two
-    # trims or replacements releasing the same objects).
-    lock_objects: str = "SELECT id FROM {s}.objects WHERE id = ANY(%s) ORDER BY id FOR UPDATE"
-    release_objects: str = (
-        "UPDATE {s}.objects AS o SET live_batches = o.live_batches - r.n,"
-        " dead_since = CASE WHEN o.live_batches = r.n THEN %s ELSE o.dead_since END"
-        " FROM unnest(%s::bigint[], %s::bigint[]) AS r(id, n) WHERE o.id = r.id"
+    # trims or replacements releasing the same objects), and verified.
+    lock_objects: str = (
+        "SELECT id, key, live_batches, dead_since, crc FROM {s}.objects WHERE id = ANY(%s)"
+        " ORDER BY id FOR UPDATE"
     )
-    acquire_objects: str = (
-        "INSERT INTO {s}.objects AS o (key, live_batches, dead_since)"
-        " SELECT k, n, NULL FROM unnest(%s::text[], %s::bigint[]) AS a(k, n) ORDER BY k"
-        + _UPSERT_OBJECT
-        + " RETURNING key, id"
+    lock_objects_by_key: str = (
+        "SELECT id, key, live_batches, dead_since, crc FROM {s}.objects"
+        " WHERE key = ANY(%s::text[]) ORDER BY id FOR UPDATE"
+    )
+    put_objects: str = (
+        "UPDATE {s}.objects AS o SET live_batches = r.n, dead_since = r.dead, crc = r.crc"
+        " FROM unnest(%s::bigint[], %s::bigint[], %s::double precision[], %s::bigint[])"
+        " AS r(id, n, dead, crc) WHERE o.id = r.id"
+    )
+    insert_objects: str = (
+        "INSERT INTO {s}.objects (key, live_batches, dead_since, crc)"
+        " SELECT * FROM unnest(%s::text[], %s::bigint[], %s::double precision[], %s::bigint[])"
+        " ORDER BY 1 ON CONFLICT (key) DO NOTHING RETURNING key, id"
     )
     load_batches: str = (
-        "SELECT b.object_id, " + _LOCATION + " FROM {s}.batches AS b"
-        " JOIN {s}.objects AS o ON o.id = b.object_id"
+        "SELECT " + _BATCH_COLUMNS + " FROM {s}.batches AS b"
         " WHERE b.stream_id = %s AND b.id = ANY(%s) ORDER BY b.base_offset"
     )
+    next_batch: str = (
+        "SELECT " + _BATCH_COLUMNS + " FROM {s}.batches AS b"
+        " WHERE b.stream_id = %s AND b.last_offset > %s ORDER BY b.last_offset LIMIT 1"
+    )
+    put_gap: str = "UPDATE {s}.batches SET gap = %s, crc = %s WHERE id = %s"
     count_between: str = (
         "SELECT count(*) FROM {s}.batches WHERE stream_id = %s AND last_offset BETWEEN %s AND %s"
     )
     delete_batches: str = "DELETE FROM {s}.batches WHERE id = ANY(%s)"
     insert_batches: str = (
         "INSERT INTO {s}.batches (stream_id, object_id, position, size, base_offset,"
-        " last_offset, max_timestamp) SELECT %s, * FROM unnest(%s::bigint[], %s::bigint[],"
-        " %s::bigint[], %s::bigint[], %s::bigint[], %s::bigint[])"
+        " last_offset, max_timestamp, gap, crc) SELECT %s, * FROM unnest(%s::bigint[],"
+        " %s::bigint[], %s::bigint[], %s::bigint[], %s::bigint[], %s::bigint[], %s::bigint[],"
+        " %s::bigint[])"
     )
     time_index_below: str = (
         "SELECT max_timestamp, next_offset FROM {s}.time_index WHERE stream_id = %s"
         " AND max_timestamp < %s ORDER BY max_timestamp DESC"
     )
-    repair_time_index: str = (
-        "WITH d AS (DELETE FROM {s}.time_index WHERE stream_id = %(id)s"
-        " AND max_timestamp = ANY(%(stale)s::bigint[]))"
-        " UPDATE {s}.streams SET max_timestamp = greatest(max_timestamp, %(ts)s)"
-        " WHERE id = %(id)s"
+    delete_time_index: str = (
+        "DELETE FROM {s}.time_index WHERE stream_id = %s AND max_timestamp = ANY(%s::bigint[])"
     )
+    # Garbage through the index of dead objects, each row with what one scan of the
+    # whole table counts (the same snapshot): rows due, and rows without a live batch
+    # nor a time of death.
     objects_to_delete: str = (
-        "SELECT key FROM {s}.objects WHERE dead_since IS NOT NULL AND dead_since <= %s"
-        " ORDER BY dead_since, key"
+        "WITH n AS (SELECT count(*) FILTER (WHERE dead_since <= %(cutoff)s) AS due,"
+        " count(*) FILTER (WHERE live_batches = 0 AND dead_since IS NULL) AS undated"
+        " FROM {s}.objects)"
+        " SELECT n.due, n.undated, o.id, o.key, o.live_batches, o.dead_since, o.crc FROM n"
+        " LEFT JOIN (SELECT * FROM {s}.objects WHERE dead_since IS NOT NULL"
+        " AND dead_since <= %(cutoff)s) AS o ON true ORDER BY o.dead_since, o.key"
     )
-    forget_objects: str = "DELETE FROM {s}.objects WHERE key = ANY(%s) AND live_batches = 0"
-    list_objects: str = 'SELECT key FROM {s}.objects ORDER BY key COLLATE "C"'
+    forget_objects: str = (
+        "DELETE FROM {s}.objects WHERE key = ANY(%s) AND live_batches = 0"
+        " RETURNING id, key, live_batches, dead_since, crc"
+    )
+    # Every object with the number of batch rows, in one snapshot.
+    list_objects: str = (
+        "SELECT n.batches, o.id, o.key, o.live_batches, o.dead_since, o.crc"
+        " FROM (SELECT count(*) AS batches FROM {s}.batches) AS n"
+        ' LEFT JOIN {s}.objects AS o ON true ORDER BY o.key COLLATE "C"'
+    )
+    # Consumer groups: a group's row in groups counts its offset rows; it is locked
+    # before any of them changes.
+    claim_group: str = (
+        "INSERT INTO {s}.groups (group_name, streams, crc) VALUES (%s, 0, %s)"
+        " ON CONFLICT (group_name) DO NOTHING"
+    )
+    lock_group: str = "SELECT streams, crc FROM {s}.groups WHERE group_name = %s FOR UPDATE"
+    lock_groups_of_stream: str = (
+        "SELECT g.group_name FROM {s}.groups AS g WHERE EXISTS (SELECT 1 FROM"
+        " {s}.group_offsets AS o WHERE o.group_name = g.group_name AND o.stream = %s)"
+        " ORDER BY g.group_name FOR UPDATE"
+    )
+    put_group: str = "UPDATE {s}.groups SET streams = %s, crc = %s WHERE group_name = %s"
+    drop_group: str = "DELETE FROM {s}.groups WHERE group_name = %s"
+    known_offsets: str = (
+        "SELECT stream FROM {s}.group_offsets WHERE group_name = %s AND stream = ANY(%s::text[])"
+    )
     commit_offsets: str = (
-        "INSERT INTO {s}.group_offsets (group_name, stream, next_offset)"
-        " SELECT %s, n, o FROM unnest(%s::text[], %s::bigint[]) AS g(n, o) ORDER BY n"
-        " ON CONFLICT (group_name, stream) DO UPDATE SET next_offset = excluded.next_offset"
+        "INSERT INTO {s}.group_offsets (group_name, stream, next_offset, crc)"
+        " SELECT %s, n, o, c FROM unnest(%s::text[], %s::bigint[], %s::bigint[]) AS g(n, o, c)"
+        " ORDER BY n ON CONFLICT (group_name, stream) DO UPDATE"
+        " SET next_offset = excluded.next_offset, crc = excluded.crc"
+    )
+    delete_offsets_of_stream: str = (
+        "DELETE FROM {s}.group_offsets WHERE stream = %s RETURNING group_name"
     )
     committed_offsets: str = (
-        "SELECT stream, next_offset FROM {s}.group_offsets WHERE group_name = %s"
+        "SELECT g.streams, g.crc, o.stream, o.next_offset, o.crc"
+        " FROM (SELECT %s::text AS name) AS q"
+        " LEFT JOIN {s}.groups AS g ON g.group_name = q.name"
+        " LEFT JOIN {s}.group_offsets AS o ON o.group_name = q.name"
     )
 
     def render(self, schema: str, conn: Connection) -> _Queries:
@@ -639,35 +659,10 @@ def _texts(values: Sequence[str]) -> str:
     return '{"' + '","'.join(v.replace("\\", "\\\\").replace('"', '\\"') for v in values) + '"}'
 
 
-class _StateCache:
-    """Decoded producer states with the JSON text each came from, by (stream id,
-    producer id). A writer's next commit loads the text it stored itself, so this
-    skips a JSON decode per batch. Always correct: an entry is used only when the
-    stored text is identical (whoever wrote it); a rolled-back entry simply misses.
-    Thread-safe enough: each operation is one dict access under the GIL."""
-
-    LIMIT = 65536
-
-    def __init__(self) -> None:
-        self._entries: dict[tuple[int, int], tuple[str, ProducerStreamState]] = {}
-
-    def decode(self, key: tuple[int, int], text: str) -> ProducerStreamState:
-        hit = self._entries.get(key)
-        if hit is not None and hit[0] == text:
-            return hit[1]
-        state = ProducerStreamState.from_json(text)
-        self._remember(key, text, state)
-        return state
-
-    def encode(self, key: tuple[Any, int], state: ProducerStreamState) -> str:
-        text = state.to_json()
-        self._remember(key, text, state)
-        return text
-
-    def _remember(self, key: tuple[int, int], text: str, state: ProducerStreamState) -> None:
-        if len(self._entries) >= self.LIMIT:
-            self._entries.clear()  # crude but bounded; a miss only costs a decode
-        self._entries[key] = (text, state)
+def _tail_gaps(streams: Sequence[tuple[StreamRow, StreamCursor]]) -> dict[Any, int]:
+    """Stream id -> ``tail_gap`` of the streams a commit touches that have one: the
+    ``gap`` each one's first new batch takes over."""
+    return {row.id: row.tail_gap for row, _ in streams if row.tail_gap}
 
 
 def _check_text(value: str, what: str) -> str:
@@ -698,7 +693,8 @@ class PostgresSequencer(Sequencer):
         self._closed = False
         self._lock = threading.Lock()
         self._pid = os.getpid()
-        self._states = _StateCache()
+        self._where = f"PostgreSQL {self.url} schema {self.schema}"
+        self._states = StateCache(self._where)
         self._q = self._migrate()
         self._pool = self._new_pool()
         _LIVE.add(self)
@@ -727,7 +723,7 @@ class PostgresSequencer(Sequencer):
         try:
             with conn:
                 with conn.transaction():
-                    _apply_migrations(conn, self.schema)
+                    apply_migrations(conn, self.schema, self._where)
                 return _QUERIES.render(self.schema, conn)
         except psycopg.Error as exc:
             raise SequencerError(
@@ -864,6 +860,12 @@ class PostgresSequencer(Sequencer):
                 "row lock held by another transaction; nothing was applied. Retry, or raise "
                 "?timeout= in the URL"
             )
+        if exc.sqlstate in _DAMAGE_STATES:
+            return CorruptDataError(
+                f"PostgreSQL reports: {detail}; nothing was applied. See 'A damaged "
+                "sequencer database' in docs/operations.md",
+                source=self._where,
+            )
         if isinstance(exc, psycopg.DataError):
             return ConfigError(f"PostgreSQL refused a value: {detail}; nothing was applied")
         return SequencerError(f"PostgreSQL sequencer {self.url}: {detail}; nothing was applied")
@@ -872,64 +874,100 @@ class PostgresSequencer(Sequencer):
 
     def create_stream(self, name: str, config: Mapping[str, Any]) -> StreamMeta:
         validate_stream_name(name)
+        _check_text(name, "stream name")
         _, text = config_copy(config)
 
         def work(conn: Connection) -> StreamMeta:
             while True:  # until inserted or found: a concurrent delete may remove it
-                row = conn.execute(self._q.create_stream, (name, text)).fetchone()
-                if row is None:
-                    row = conn.execute(self._q.stream_row, (name,)).fetchone()
+                row = self._find_stream(conn, name)
                 if row is not None:
-                    return StreamMeta(name, row[1], row[2], json.loads(row[3]))
+                    return self._meta(row)
+                inserted = conn.execute(
+                    self._q.insert_stream, (name, text, name_key(name))
+                ).fetchone()
+                if inserted is not None:
+                    row = StreamRow(inserted[0], name, text, 0, 0, None, 0, 0)
+                    conn.execute(self._q.stream_crc, (row_crc(row), row.id))
+                    return self._meta(row)
 
-        return self._call(work)
+        return self._call(work, transaction=True)
 
     def alter_stream(self, name: str, changes: Mapping[str, Any]) -> StreamMeta:
         validate_stream_name(name)
         config_copy(changes)  # checked before anything changes
 
         def work(conn: Connection) -> StreamMeta:
-            stored = conn.execute(self._q.lock_stream_config, (name,)).fetchone()
-            if stored is None:
-                raise StreamNotFound(f"stream {name!r} does not exist")
-            text = merged_config(stored[0], changes)
-            row = conn.execute(self._q.alter_stream, (text, name)).fetchone()
-            assert row is not None  # locked above
-            return StreamMeta(name, row[1], row[2], json.loads(row[3]))
+            row = self._lock_stream(conn, name)
+            self._meta(row)  # the stored config parses
+            row = row._replace(config=merged_config(row.config, changes))
+            self._put_stream(conn, row)
+            return self._meta(row)
 
         return self._call(work, transaction=True)
 
     def delete_stream(self, name: str) -> None:
         validate_stream_name(name)
-        now = self._clock()
+        now = float(self._clock())
 
         def work(conn: Connection) -> None:
-            stream_id = self._lock_stream(conn, name)[0]
-            counts = conn.execute(self._q.delete_batches_below, (stream_id, 1 << 62)).fetchall()
-            self._release(conn, counts, now)
-            conn.execute(self._q.delete_stream, {"id": stream_id, "name": name})
+            row = self._lock_stream(conn, name)
+            self._drop_batches(conn, row, _INT64_MAX, now)
+            locked = [r[0] for r in conn.execute(self._q.lock_groups_of_stream, (name,))]
+            gone = [r[0] for r in conn.execute(self._q.delete_offsets_of_stream, (name,))]
+            for group in sorted(set(locked) | set(gone)):
+                self._count_group(conn, group, -gone.count(group))
+            conn.execute(self._q.delete_stream, {"id": row.id})
 
         self._call(work, transaction=True)
 
     def list_streams(self) -> list[str]:
-        return self._call(
-            lambda conn: [row[0] for row in conn.execute(self._q.list_streams).fetchall()]
-        )
+        rows = self._call(lambda conn: conn.execute(self._q.all_streams).fetchall())
+        return [self._verified(row).name for row in rows]
 
     def stream_info(self, name: str) -> StreamMeta:
         validate_stream_name(name)
-        row = self._call(lambda conn: conn.execute(self._q.stream_row, (name,)).fetchone())
+        row = self._call(lambda conn: self._find_stream(conn, name))
         if row is None:
             raise StreamNotFound(f"stream {name!r} does not exist")
-        return StreamMeta(name, row[1], row[2], json.loads(row[3]))
+        return self._meta(row)
 
-    def _lock_stream(self, conn: Connection, name: str) -> tuple[int, int, int]:
-        """``(id, start_offset, end_offset)`` of ``name``, its row locked until the end
-        of the transaction; StreamNotFound."""
+    def _meta(self, row: StreamRow) -> StreamMeta:
+        config = json_value(row.config, dict, self._where, "streams", f"{row.name!r}")
+        return StreamMeta(row.name, row.start_offset, row.end_offset, config)
+
+    def _find_stream(self, conn: Connection, name: str) -> StreamRow | None:
+        """The verified row of ``name``, or None. The rows with the name's ``name_key``
+        come with it, in the same statement (one snapshot), and are verified too: a
+        damaged name must not make a stream vanish, or let a second one of that name be
+        created. (A damaged name index is harmless here: the key's index finds the row.)"""
+        if "\x00" in name:  # never stored
+            return None
+        found = None
+        for row in conn.execute(self._q.stream_row, (name, name_key(name))).fetchall():
+            verified = self._verified(row)
+            if verified.name == name:
+                found = verified
+        return found
+
+    def _verified(self, row: Sequence[Any]) -> StreamRow:
+        """A streams row (:data:`_STREAM_COLUMNS`), its checksum verified unless this
+        process saw it exactly as it is."""
+        values = new_stream_row(row[:8])
+        if row_crc(values) != row[8]:
+            raise damaged_row(self._where, "streams", f"{values.name!r} (id {values.id})")
+        return values
+
+    def _lock_stream(self, conn: Connection, name: str) -> StreamRow:
+        """The verified row of ``name``, locked until the end of the transaction;
+        StreamNotFound."""
         row = conn.execute(self._q.lock_stream, (name,)).fetchone()
         if row is None:
+            self._find_stream(conn, name)  # damage, rather than StreamNotFound
             raise StreamNotFound(f"stream {name!r} does not exist")
-        return row[0], row[1], row[2]
+        return self._verified(row)
+
+    def _put_stream(self, conn: Connection, row: StreamRow) -> None:
+        conn.execute(self._q.put_stream, (*row[2:], row_crc(row), row.id))
 
     # -------------------------------------------------------------- producers
 
@@ -940,12 +978,29 @@ class PostgresSequencer(Sequencer):
             _check_text(name, "producer name")
 
         def work(conn: Connection) -> tuple[int, int]:
-            row = conn.execute(self._q.init_producer, (name,)).fetchone()
-            if row is None:  # INSERT ... ON CONFLICT DO UPDATE RETURNING always has a row
-                raise SequencerError(f"PostgreSQL sequencer {self.url}: no producer row")
-            return int(row[0]), int(row[1])
+            while True:  # until found or inserted: a concurrent init may insert it first
+                if name is not None:
+                    row = conn.execute(self._q.find_producer, (name,)).fetchone()
+                    if row is not None:
+                        producer_id, epoch = self._producer(row)
+                        epoch += 1
+                        crc = row_crc((producer_id, name, epoch))
+                        conn.execute(self._q.put_producer, (epoch, crc, producer_id))
+                        return producer_id, epoch
+                inserted = conn.execute(self._q.insert_producer, (name,)).fetchone()
+                if inserted is not None:
+                    producer_id = int(inserted[0])
+                    crc = row_crc((producer_id, name, 0))
+                    conn.execute(self._q.put_producer, (0, crc, producer_id))
+                    return producer_id, 0
 
-        return self._call(work)
+        return self._call(work, transaction=True)
+
+    def _producer(self, row: Sequence[Any]) -> tuple[int, int]:
+        """``(id, epoch)`` of a verified ``(id, name, epoch, crc)`` producers row."""
+        if row_crc(row[:3]) != row[3]:
+            raise damaged_row(self._where, "producers", f"id {row[0]}")
+        return int(row[0]), int(row[2])
 
     # ---------------------------------------------------------------- commits
 
@@ -954,55 +1009,108 @@ class PostgresSequencer(Sequencer):
         batches = check_batches(batches)
 
         def work(conn: Connection) -> list[CommitResult]:
-            now = self._clock()
+            now = float(self._clock())
             cur = conn.cursor()
-            plan, cursors = self._plan(cur, batches)
-            cur.execute(
-                self._q.write_commit,
-                self._write_params(object_key, plan.accepted, plan, cursors, now),
-            )
+            plan, streams = self._plan(cur, batches)
+            gaps = _tail_gaps(streams)
+            self._write(cur, object_key, plan.accepted, plan, streams, gaps, now)
             return plan.results
 
         return self._call(work, transaction=True)
+
+    def _write(
+        self,
+        cur: psycopg.Cursor[Any],
+        object_key: str,
+        accepted: Sequence[tuple[StreamCursor, BatchToCommit, int]],
+        plan: CommitPlan | None,
+        streams: Sequence[tuple[StreamRow, StreamCursor]],
+        gaps: dict[Any, int],
+        now: float,
+    ) -> None:
+        """Store one object's accepted batches with ``write_commit``; with ``plan``, also
+        the streams' new extents, producer states and time-index entries (a transaction
+        passes them with its last object only). An object known already (a retried
+        commit) is verified, then counts its new batches."""
+        live = len(accepted)
+        row = cur.execute(
+            self._q.write_commit,
+            self._write_params(object_key, accepted, plan, streams, gaps, now),
+        ).fetchone()
+        if row is None:  # pragma: no cover - INSERT ... ON CONFLICT DO UPDATE returns a row
+            raise SequencerError(f"PostgreSQL sequencer {self.url}: no object row")
+        object_id, count, dead_since, crc, inserted = row
+        if not inserted:
+            if row_crc((object_key, count, dead_since)) != crc:
+                raise damaged_row(self._where, "objects", f"{object_key!r}")
+            if live:
+                values = (object_key, count + live, None)
+                cur.execute(self._q.put_object, (*values[1:], row_crc(values), object_id))
 
     def _write_params(
         self,
         object_key: str,
         accepted: Sequence[tuple[StreamCursor, BatchToCommit, int]],
         plan: CommitPlan | None,
-        cursors: Sequence[StreamCursor],
+        streams: Sequence[tuple[StreamRow, StreamCursor]],
+        gaps: dict[Any, int],
         now: float,
     ) -> dict[str, Any]:
-        """Parameters of ``write_commit`` for one object's accepted batches; with
-        ``plan``, also the streams' new extents, producer states and time-index entries
-        (a transaction passes them with its last object only)."""
-        moved = [c for c in cursors if c.dirty] if plan is not None else []
-        times = (
-            {(c.key, ts): offset for c, ts, offset in plan.time_index}  # last wins
-            if plan is not None
-            else {}
-        )
-        states = plan.states if plan is not None else {}
+        """Parameters of ``write_commit``. Each row's checksum is computed here; a
+        stream's first new batch takes over its ``tail_gap`` as its ``gap``, so the gaps
+        are consumed (``gaps``: stream id -> tail gap) as the objects of a
+        transaction are written, in order."""
+        batches = [
+            (
+                c.key,
+                object_key,
+                b.position,
+                b.size,
+                base,
+                base + b.span - 1,
+                b.max_timestamp,
+                gaps.pop(c.key, 0) if gaps else 0,
+            )
+            for c, b, base in accepted
+        ]
+        moved: list[tuple[Any, ...]] = []
+        states: list[tuple[Any, int, str, int]] = []
+        times: dict[tuple[Any, int], int] = {}
+        if plan is not None:
+            moved = [
+                (*row[:4], c.end, c.max_timestamp, c.unindexed, 0) for row, c in streams if c.dirty
+            ]
+            states = self._states.store(plan.states)
+            times = {(c.key, ts): offset for c, ts, offset in plan.time_index}  # last wins
+        moved_crcs = list(row_crcs(moved))
+        entries = [(key[0], key[1], offset) for key, offset in times.items()]
+        dead = None if accepted else now
         return {
             "key": object_key,
             "live": len(accepted),
-            "now": now,
-            "b_stream": _ints([c.key for c, _, _ in accepted]),
-            "b_position": _ints([b.position for _, b, _ in accepted]),
-            "b_size": _ints([b.size for _, b, _ in accepted]),
-            "b_base": _ints([base for _, _, base in accepted]),
-            "b_last": _ints([base + b.span - 1 for _, b, base in accepted]),
-            "b_ts": _ints([b.max_timestamp for _, b, _ in accepted]),
-            "s_id": _ints([c.key for c in moved]),
-            "s_end": _ints([c.end for c in moved]),
-            "s_ts": _ints([c.max_timestamp for c in moved]),
-            "s_unindexed": _ints([c.unindexed for c in moved]),
-            "p_stream": _ints([key[0] for key in states]),
-            "p_id": _ints([key[1] for key in states]),
-            "p_state": _texts([self._states.encode(key, state) for key, state in states.items()]),
-            "t_stream": _ints([key[0] for key in times]),
-            "t_ts": _ints([key[1] for key in times]),
-            "t_next": _ints(times.values()),
+            "dead": dead,
+            "crc": row_crc((object_key, len(accepted), dead)),
+            "b_stream": _ints([b[0] for b in batches]),
+            "b_position": _ints([b[2] for b in batches]),
+            "b_size": _ints([b[3] for b in batches]),
+            "b_base": _ints([b[4] for b in batches]),
+            "b_last": _ints([b[5] for b in batches]),
+            "b_ts": _ints([b[6] for b in batches]),
+            "b_gap": _ints([b[7] for b in batches]),
+            "b_crc": _ints(row_crcs(batches)),
+            "s_id": _ints([m[0] for m in moved]),
+            "s_end": _ints([m[4] for m in moved]),
+            "s_ts": _ints([m[5] for m in moved]),
+            "s_unindexed": _ints([m[6] for m in moved]),
+            "s_crc": _ints(moved_crcs),
+            "p_stream": _ints([s[0] for s in states]),
+            "p_id": _ints([s[1] for s in states]),
+            "p_state": _texts([s[2] for s in states]),
+            "p_crc": _ints([s[3] for s in states]),
+            "t_stream": _ints([e[0] for e in entries]),
+            "t_ts": _ints([e[1] for e in entries]),
+            "t_next": _ints([e[2] for e in entries]),
+            "t_crc": _ints(row_crcs(entries)),
         }
 
     def commit_transaction(
@@ -1017,7 +1125,7 @@ class PostgresSequencer(Sequencer):
             _check_text(key, "object key")
 
         def work(conn: Connection) -> TransactionResult:
-            now = self._clock()
+            now = float(self._clock())
             cur = conn.cursor()
             cur.execute(self._q.forget_old_transactions, (transaction_cutoff(now),))
             claimed = cur.execute(self._q.claim_transaction, (txn, now)).fetchone()
@@ -1025,64 +1133,90 @@ class PostgresSequencer(Sequencer):
                 row = cur.execute(self._q.transaction_ranges, (txn,)).fetchone()
                 if row is None:  # expired between the two statements: no answer to give
                     raise SequencerError(f"transaction {txn!r} changed under this call; retry")
-                cur.execute(self._q.record_orphans, (now, _texts([k for k, _ in checked])))
-                return TransactionResult(txn, ranges_from_json(row[0]), duplicate=True)
-            keys = _texts([key for key, _ in checked])
-            known_keys = [row[0] for row in cur.execute(self._q.known_objects, (keys,))]
+                ranges = self._ranges(row)
+                keys = [k for k, _ in checked]
+                orphans = (now, _texts(keys), _ints(row_crcs([(k, 0, now) for k in keys])))
+                cur.execute(self._q.record_orphans, orphans)
+                return TransactionResult(txn, ranges, duplicate=True)
+            given = _texts([key for key, _ in checked])
+            known_keys = [row[0] for row in cur.execute(self._q.known_objects, (given,))]
             if known_keys:
                 raise already_known(txn, known_keys)
-            plan, cursors = self._plan(cur, flat)
+            plan, streams = self._plan(cur, flat)
+            gaps = _tail_gaps(streams)
             start = 0
             for i, (key, batches) in enumerate(checked):  # no producers: one entry per batch
                 last = i == len(checked) - 1
                 accepted = plan.accepted[start : start + len(batches)]
                 start += len(batches)
-                params = self._write_params(key, accepted, plan if last else None, cursors, now)
-                cur.execute(self._q.write_commit, params)
+                self._write(cur, key, accepted, plan if last else None, streams, gaps, now)
             ranges = transaction_ranges(plan)
-            cur.execute(self._q.finish_transaction, (ranges_to_json(ranges), claimed[0]))
+            text = ranges_to_json(ranges)
+            cur.execute(self._q.finish_transaction, (text, row_crc((txn, now, text)), claimed[0]))
             cur.execute(self._q.forget_transactions_beyond, (claimed[0], TRACKED_TRANSACTIONS))
             return TransactionResult(txn, ranges)
 
         return self._call(work, transaction=True)
 
+    def _ranges(self, row: Sequence[Any]) -> dict[str, tuple[int, int]]:
+        """The ranges of a verified ``(id, committed_at, ranges, crc)`` transactions row."""
+        where = f"{row[0]!r}"
+        if row_crc(row[:3]) != row[3]:
+            raise damaged_row(self._where, "transactions", where)
+        try:
+            return ranges_from_json(row[2])
+        except (ValueError, TypeError, AttributeError):
+            raise damaged_row(
+                self._where, "transactions", where, "its ranges do not parse"
+            ) from None
+
     def _plan(
         self, cur: psycopg.Cursor[Any], batches: Sequence[BatchToCommit]
-    ) -> tuple[CommitPlan, list[StreamCursor]]:
-        """Lock and load what the commit's batches touch, then judge them with the
-        shared rules. Names PostgreSQL cannot store (NUL) cannot name a stream: left
-        out, they are reported as unknown streams."""
+    ) -> tuple[CommitPlan, list[tuple[StreamRow, StreamCursor]]]:
+        """Lock and load what the commit's batches touch (every row verified), then judge
+        them with the shared rules. Names PostgreSQL cannot store (NUL) cannot name a
+        stream: left out, they are reported as unknown streams."""
         names = [n for n in dict.fromkeys(b.stream for b in batches) if "\x00" not in n]
         producer_ids = sorted({b.producer_id for b in batches if b.producer_id != NO_PRODUCER})
-        streams: dict[str, StreamCursor] = {}
+        streams: list[tuple[StreamRow, StreamCursor]] = []
+        cursors: dict[str, StreamCursor] = {}
         epochs: dict[int, int] = {}
-        texts: list[tuple[int, int, str]] = []
+        texts: list[tuple[int, int, str, int]] = []
         fresh = True
         params = {"names": _texts(names), "producers": _ints(producer_ids)}
-        for kind, key, text, value, max_ts, unindexed, current in cur.execute(
+        for kind, key, text, value, crc, *rest in cur.execute(
             self._q.lock_for_commit, params
         ).fetchall():
             if kind == 0:
-                streams[text] = StreamCursor(key, value, max_ts, unindexed)
+                config, start, max_ts, unindexed, tail_gap, current = rest
+                row = self._verified(
+                    (key, text, config, start, value, max_ts, unindexed, tail_gap, crc)
+                )
+                cursor = StreamCursor(row.id, row.end_offset, row.max_timestamp, row.unindexed)
+                cursors[row.name] = cursor
+                streams.append((row, cursor))
                 fresh = fresh and bool(current)
             elif kind == 1:
-                epochs[key] = value
+                epochs.update([self._producer((key, text, value, crc))])
             else:
-                texts.append((key, value, text))
+                texts.append((key, value, text, crc))
+        for name in names:
+            if name not in cursors:
+                self._find_stream(cur.connection, name)  # damage, rather than StreamNotFound
         if not fresh and producer_ids:  # a commit landed while we waited for a lock
-            stream_ids = _ints(c.key for c in streams.values())
+            stream_ids = _ints(c.key for c in cursors.values())
             texts = cur.execute(self._q.load_states, (stream_ids, params["producers"])).fetchall()
         states: dict[tuple[Any, int], ProducerStreamState] = {}
-        for stream_id, producer_id, text in texts:
-            key = (stream_id, producer_id)
-            states[key] = self._states.decode(key, text)
-        plan = plan_commit(batches, streams, epochs, states, TIME_INDEX_INTERVAL)
-        return plan, list(streams.values())
+        for stream_id, producer_id, text, crc in texts:
+            states[(stream_id, producer_id)] = self._states.load(stream_id, producer_id, text, crc)
+        plan = plan_commit(batches, cursors, epochs, states, TIME_INDEX_INTERVAL)
+        return plan, streams
 
     def record_orphan(self, object_key: str) -> None:
         _check_text(check_object_key(object_key), "object key")
-        now = self._clock()
-        self._call(lambda conn: conn.execute(self._q.record_orphan, (object_key, now)))
+        now = float(self._clock())
+        params = (now, _texts([object_key]), _ints([row_crc((object_key, 0, now))]))
+        self._call(lambda conn: conn.execute(self._q.record_orphans, params))
 
     # ------------------------------------------------------------------ reads
 
@@ -1090,78 +1224,155 @@ class PostgresSequencer(Sequencer):
         check_position(offset, "offset")
         check_position(max_bytes, "max_bytes")
         validate_stream_name(stream)
-        params = {"name": stream, "offset": offset, "limit": _FIRST_PAGE_ROWS}
-        rows = self._call(lambda conn: conn.execute(self._q.find_batches, params).fetchall())
-        if not rows:
-            raise StreamNotFound(f"stream {stream!r} does not exist")
-        start, end = rows[0][0], rows[0][1]
-        if not start <= offset <= end:
-            raise out_of_range(stream, offset, start, end)
-        found: list[BatchLocation] = []
-        if rows[0][2] is None:
-            return BatchPage(found, start, end)
-        if _take(found, (row[2:] for row in rows), max_bytes) or len(rows) < _FIRST_PAGE_ROWS:
-            return BatchPage(found, start, end)
-        return self._find_more(params, max_bytes)
+        params = {
+            "name": stream,
+            "offset": check_position(offset, "offset"),
+            "limit": _FIRST_PAGE_ROWS,
+        }
+
+        def work(conn: Connection) -> BatchPage | None:
+            rows = conn.execute(self._q.find_batches, params).fetchall()
+            if not rows:
+                self._find_stream(conn, stream)  # damage, rather than StreamNotFound
+                raise StreamNotFound(f"stream {stream!r} does not exist")
+            row = self._verified(rows[0][:9])
+            if not row.start_offset <= offset <= row.end_offset:
+                raise out_of_range(stream, offset, row.start_offset, row.end_offset)
+            found: list[BatchLocation] = []
+            if rows[0][9] is None:  # no batch from the offset on
+                if offset < row.end_offset:
+                    Tiling(self._where, stream, offset).finish(row.end_offset, row.tail_gap)
+                return BatchPage(found, row.start_offset, row.end_offset)
+            tiling = Tiling(self._where, stream, offset)
+            full = self._take(row, found, (r[9:] for r in rows), max_bytes, tiling)
+            if full:
+                return BatchPage(found, row.start_offset, row.end_offset)
+            if len(rows) < _FIRST_PAGE_ROWS:
+                tiling.finish(row.end_offset, row.tail_gap)
+                return BatchPage(found, row.start_offset, row.end_offset)
+            return None  # more than the first statement read: continue with a cursor
+
+        page = self._call(work)
+        return page if page is not None else self._find_more(params, max_bytes)
 
     def _find_more(self, params: dict[str, Any], max_bytes: int) -> BatchPage:
         """The same statement without a limit, read through a server-side cursor: one
         snapshot, fetched in chunks until the page is full."""
         params = {**params, "limit": None}
+        stream, offset = params["name"], params["offset"]
 
         def work(conn: Connection) -> BatchPage:
             found: list[BatchLocation] = []
             with conn.cursor(name="disklesslog_find_batches") as cur:
                 cur.itersize = _CURSOR_ROWS
                 cur.execute(self._q.find_batches, params)
-                start = end = -1
+                first = cur.fetchone()
+                if first is None:
+                    raise StreamNotFound(f"stream {stream!r} does not exist")  # deleted since
+                row = self._verified(first[:9])
+                if not row.start_offset <= offset <= row.end_offset:
+                    raise out_of_range(stream, offset, row.start_offset, row.end_offset)
+                tiling = Tiling(self._where, stream, offset)
+                rows = itertools.chain([first], cur)
+                if not self._take(row, found, (r[9:] for r in rows), max_bytes, tiling):
+                    tiling.finish(row.end_offset, row.tail_gap)
+            return BatchPage(found, row.start_offset, row.end_offset)
 
-                def locations() -> Iterable[tuple[Any, ...]]:
-                    nonlocal start, end
-                    for row in cur:
-                        start, end = row[0], row[1]
-                        if row[2] is not None:
-                            yield row[2:]
+        return self._call(work, transaction=True)
 
-                _take(found, locations(), max_bytes)
-            return BatchPage(found, start, end)
+    def _take(
+        self,
+        stream: StreamRow,
+        found: list[BatchLocation],
+        rows: Iterable[Sequence[Any]],
+        max_bytes: int,
+        tiling: Tiling,
+    ) -> bool:
+        """Append verified locations of ``_BATCH_COLUMNS`` rows to ``found`` until their
+        sizes reach ``max_bytes`` (at least one batch); True once the page is full."""
+        total = sum(b.size for b in found)
+        for location in self._locations(stream, rows, tiling):
+            if found and total + location.size > max_bytes:
+                return True
+            found.append(location)
+            total += location.size
+        return False
 
-        page = self._call(work, transaction=True)
-        if page.start_offset < 0:  # deleted since the first look
-            raise StreamNotFound(f"stream {params['name']!r} does not exist")
-        offset = params["offset"]
-        if not page.start_offset <= offset <= page.end_offset:
-            raise out_of_range(params["name"], offset, page.start_offset, page.end_offset)
-        return page
+    def _locations(
+        self, stream: StreamRow, rows: Iterable[Sequence[Any]], tiling: Tiling | None
+    ) -> Iterator[BatchLocation]:
+        """Verified locations of ``_BATCH_COLUMNS`` rows of ``stream``, in the order read,
+        each checked to follow the one before (``tiling``)."""
+        for batch_id, key, position, size, base, last, max_ts, gap, crc, _ in rows:
+            if row_crc((stream.id, key, position, size, base, last, max_ts, gap)) != crc:
+                raise damaged_row(
+                    self._where, "batches", f"(stream {stream.name!r}, last_offset {last})"
+                )
+            if tiling is not None:
+                tiling.add(base, last, gap)
+            yield BatchLocation(batch_id, key, position, size, base, last, max_ts)
 
     def offset_for_time(self, stream: str, timestamp: int) -> int | None:
         check_position(timestamp, "timestamp")  # any int: timestamps may be negative
         validate_stream_name(stream)
         params = {"name": stream, "ts": timestamp}
-        row = self._call(lambda conn: conn.execute(self._q.offset_for_time, params).fetchone())
-        if row is None:
-            raise StreamNotFound(f"stream {stream!r} does not exist")
-        start, base = row
-        return None if base is None else max(int(base), start)
+
+        def work(conn: Connection) -> int | None:
+            rows = conn.execute(self._q.offset_for_time, params).fetchall()
+            if not rows:
+                self._find_stream(conn, stream)  # damage, rather than StreamNotFound
+                raise StreamNotFound(f"stream {stream!r} does not exist")
+            row = self._verified(rows[0][:9])
+            if row.max_timestamp is None or row.max_timestamp < timestamp:
+                return None  # the running maximum of every batch ever stored
+            lower = row.start_offset
+            entry_ts, entry_next, entry_crc = rows[0][9:12]
+            if entry_ts is not None:
+                if row_crc((row.id, entry_ts, entry_next)) != entry_crc:
+                    raise damaged_row(
+                        self._where, "time_index", f"(stream {stream!r}, max_timestamp {entry_ts})"
+                    )
+                lower = max(lower, entry_next)
+            if lower >= row.end_offset:
+                return None
+            tiling = Tiling(self._where, stream, lower)
+            batches = (r[12:] for r in rows if r[12] is not None)
+            for location in self._locations(row, batches, tiling):
+                if location.max_timestamp >= timestamp:
+                    return max(location.base_offset, row.start_offset)
+            tiling.finish(row.end_offset, row.tail_gap)
+            return None
+
+        return self._call(work)
 
     # ------------------------------------------------------------ maintenance
 
     def trim(self, stream: str, before: int) -> None:
         check_position(before, "before")
         validate_stream_name(stream)
-        now = self._clock()
+        now = float(self._clock())
 
         def work(conn: Connection) -> None:
-            stream_id, start, end = self._lock_stream(conn, stream)
-            if before > end:
-                raise out_of_range(stream, before, start, end)
-            if before <= start:
+            row = self._lock_stream(conn, stream)
+            if before > row.end_offset:
+                raise out_of_range(stream, before, row.start_offset, row.end_offset)
+            if before <= row.start_offset:
                 return
-            counts = conn.execute(self._q.delete_batches_below, (stream_id, before)).fetchall()
-            self._release(conn, counts, now)
-            conn.execute(self._q.trim_rest, {"id": stream_id, "before": before})
+            self._drop_batches(conn, row, before, now)
+            conn.execute(self._q.delete_time_index_below, (row.id, before))
+            self._put_stream(conn, row._replace(start_offset=before))
 
         self._call(work, transaction=True)
+
+    def _drop_batches(self, conn: Connection, stream: StreamRow, before: int, now: float) -> None:
+        """Delete the batches of ``stream`` below ``before``, verified and checked to tile
+        from the start offset (an object's live count must only go down for batches
+        that really were in it), and uncount them in their objects."""
+        rows = conn.execute(self._q.delete_batches_below, (stream.id, before)).fetchall()
+        tiling = Tiling(self._where, stream.name, stream.start_offset)
+        for _ in self._locations(stream, rows, tiling):
+            pass
+        self._release(conn, Counter(row[9] for row in rows).items(), now)
 
     def replace_batches(
         self, stream: str, old_batch_ids: Sequence[int], new_batches: Sequence[BatchLocation]
@@ -1169,90 +1380,226 @@ class PostgresSequencer(Sequencer):
         ids = check_old_ids(old_batch_ids)
         news = list(new_batches)
         validate_stream_name(stream)
-        now = self._clock()
+        now = float(self._clock())
 
         def work(conn: Connection) -> bool:
-            stream_id = self._lock_stream(conn, stream)[0]
-            rows = conn.execute(self._q.load_batches, (stream_id, ids)).fetchall()
-            if len(rows) != len(ids):
+            row = self._lock_stream(conn, stream)
+            loaded = conn.execute(self._q.load_batches, (row.id, ids)).fetchall()
+            if len(loaded) != len(ids):
                 return False
-            olds = [BatchLocation(*row[1:]) for row in rows]
-            row = conn.execute(
-                self._q.count_between, (stream_id, olds[0].last_offset, olds[-1].last_offset)
+            olds = list(self._locations(row, loaded, None))
+            first, last = olds[0], olds[-1]
+            counted = conn.execute(
+                self._q.count_between, (row.id, first.last_offset, last.last_offset)
             ).fetchone()
-            if row is None or row[0] != len(olds):
+            if counted is None or counted[0] != len(olds):
                 raise not_contiguous(stream)
             check_new_batches(stream, olds, news)
             for b in news:
                 _check_text(b.object_key, "object key")
+                for value in (b.position, b.size, b.base_offset, b.last_offset, b.max_timestamp):
+                    check_position(value, "a replacement batch's numbers")
+            # The offsets the old batches held (with the gap before the first) are now
+            # the new batches' and their gaps; what is left over joins the gap of the
+            # next batch, or the stream's tail.
+            claim = first.base_offset - loaded[0][7]
+            tiling = Tiling(self._where, stream, claim)
+            for old, loaded_row in zip(olds, loaded):
+                tiling.add(old.base_offset, old.last_offset, loaded_row[7])
+            gaps = []
+            for b in news:
+                gaps.append(b.base_offset - claim)
+                claim = b.last_offset + 1
+            leftover = last.last_offset + 1 - claim
+            following = conn.execute(self._q.next_batch, (row.id, last.last_offset)).fetchone()
+            if following is None:
+                tiling.finish(row.end_offset, row.tail_gap)
+            else:
+                list(self._locations(row, [following], tiling))  # verified, and it follows
+                if leftover:
+                    values = (row.id, *following[1:7], following[7] + leftover)
+                    conn.execute(self._q.put_gap, (values[7], row_crc(values), following[0]))
             conn.execute(self._q.delete_batches, (ids,))
-            self._release(conn, Counter(row[0] for row in rows).items(), now)
-            self._insert_replacements(conn, stream_id, news)
-            self._repair_time_index(conn, stream_id, news)
+            self._release(conn, Counter(r[9] for r in loaded).items(), now)
+            self._insert_replacements(conn, row.id, news, gaps, now)
+            new_max = self._repair_time_index(conn, row.id, news)
+            self._put_stream(
+                conn,
+                row._replace(
+                    max_timestamp=greatest(row.max_timestamp, new_max),
+                    tail_gap=row.tail_gap + (leftover if following is None else 0),
+                ),
+            )
             return True
 
         return self._call(work, transaction=True)
 
     def objects_to_delete(self, grace_seconds: float) -> list[str]:
+        """Read through the index of dead objects, every row verified, then checked
+        against one scan of the table (a damaged index or ``dead_since`` must not hide
+        garbage forever)."""
         cutoff = self._clock() - grace_seconds
         rows = self._call(
-            lambda conn: conn.execute(self._q.objects_to_delete, (cutoff,)).fetchall()
+            lambda conn: conn.execute(self._q.objects_to_delete, {"cutoff": cutoff}).fetchall()
         )
-        return [row[0] for row in rows]
+        keys = []
+        for row in rows:
+            if row[2] is None:  # no garbage: the counts alone
+                continue
+            _, key, live, _ = self._object(row[2:])
+            if live:
+                raise damaged_row(
+                    self._where, "objects", f"{key!r}", f"it is dead but counts {live} live batches"
+                )
+            keys.append(key)
+        check_garbage(self._where, len(keys), rows[0][0], rows[0][1])
+        return keys
 
     def forget_objects(self, object_keys: Sequence[str]) -> None:
-        keys = [key for key in check_keys(object_keys) if "\x00" not in key]  # never stored
+        keys = [  # a key with NUL was never stored
+            key for key in map(check_object_key, check_keys(object_keys)) if "\x00" not in key
+        ]
+
+        def work(conn: Connection) -> None:
+            for row in conn.execute(self._q.forget_objects, (keys,)).fetchall():
+                self._object(row)  # a damaged row is reported, and the DELETE undone
+
         if keys:
-            self._call(lambda conn: conn.execute(self._q.forget_objects, (keys,)))
+            self._call(work, transaction=True)
 
     def list_objects(self) -> list[str]:
+        """Every object row verified, and their live batches counted against the batch
+        rows: the reconcile pass deletes what is not listed here, so a row lost from
+        ``objects`` must be an error, not an object deleted from storage."""
         rows = self._call(lambda conn: conn.execute(self._q.list_objects).fetchall())
-        return [row[0] for row in rows]
+        keys = []
+        live = 0
+        for row in rows:
+            if row[1] is not None:
+                _, key, count, _ = self._object(row[1:])
+                keys.append(key)
+                live += count
+        batches = rows[0][0] if rows else 0
+        if batches != live:
+            raise damaged_row(
+                self._where,
+                "objects",
+                "(all)",
+                f"the objects count {live} live batches but there are {batches} batch rows",
+            )
+        return keys
+
+    def _object(self, row: Sequence[Any]) -> tuple[int, str, int, float | None]:
+        """``(id, key, live_batches, dead_since)`` of a verified objects row."""
+        if row_crc(row[1:4]) != row[4]:
+            raise damaged_row(self._where, "objects", f"{row[1]!r}")
+        return row[0], row[1], row[2], row[3]
 
     def _release(self, conn: Connection, counts: Iterable[tuple[int, int]], now: float) -> None:
         """Uncount live batches per object; objects left with none are dead from ``now``.
-        Their rows are locked in id order first (see the module docstring)."""
-        pairs = sorted(counts)
+        Their rows are locked in id order first (see the module docstring) and verified."""
+        pairs = dict(counts)
         if not pairs:
             return
-        ids = [object_id for object_id, _ in pairs]
-        conn.execute(self._q.lock_objects, (ids,))
-        conn.execute(self._q.release_objects, (now, ids, [n for _, n in pairs]))
+        updates = []
+        for row in conn.execute(self._q.lock_objects, (sorted(pairs),)).fetchall():
+            object_id, key, live, dead_since = self._object(row)
+            n = pairs.pop(object_id)
+            if live < n:
+                raise damaged_row(
+                    self._where,
+                    "objects",
+                    f"{key!r}",
+                    f"it counts {live} live batches, but {n} of them are being dropped",
+                )
+            updates.append((object_id, key, live - n, now if live == n else dead_since))
+        if pairs:
+            raise damaged_row(
+                self._where,
+                "objects",
+                f"id {next(iter(pairs))}",
+                "a live batch's object is missing",
+            )
+        self._put_objects(conn, updates)
+
+    def _put_objects(
+        self, conn: Connection, rows: Sequence[tuple[int, str, int, float | None]]
+    ) -> None:
+        """Store ``(id, key, live_batches, dead_since)`` of objects, with their checksums."""
+        conn.execute(
+            self._q.put_objects,
+            (
+                [r[0] for r in rows],
+                [r[2] for r in rows],
+                [r[3] for r in rows],
+                [row_crc(r[1:]) for r in rows],
+            ),
+        )
 
     def _insert_replacements(
-        self, conn: Connection, stream_id: int, news: Sequence[BatchLocation]
+        self,
+        conn: Connection,
+        stream_id: int,
+        news: Sequence[BatchLocation],
+        gaps: Sequence[int],
+        now: float,
     ) -> None:
         if not news:
             return
-        per_object = sorted(Counter(b.object_key for b in news).items())
-        object_ids = dict(
-            conn.execute(
-                self._q.acquire_objects,
-                ([key for key, _ in per_object], [n for _, n in per_object]),
-            ).fetchall()
-        )
+        per_object = Counter(b.object_key for b in news)
+        object_ids: dict[str, int] = {}
+        while len(object_ids) < len(per_object):  # a key inserted meanwhile: lock it too
+            keys = sorted(set(per_object) - set(object_ids))
+            known = []
+            for row in conn.execute(self._q.lock_objects_by_key, (_texts(keys),)).fetchall():
+                object_id, key, live, _ = self._object(row)
+                object_ids[key] = object_id
+                known.append((object_id, key, live + per_object[key], None))
+            self._put_objects(conn, known)
+            new = [key for key in keys if key not in object_ids]
+            if new:
+                inserted = conn.execute(
+                    self._q.insert_objects,
+                    (
+                        _texts(new),
+                        [per_object[k] for k in new],
+                        [None] * len(new),
+                        [row_crc((k, per_object[k], None)) for k in new],
+                    ),
+                ).fetchall()
+                object_ids.update(inserted)
+        rows = [
+            (
+                stream_id,
+                b.object_key,
+                b.position,
+                b.size,
+                b.base_offset,
+                b.last_offset,
+                b.max_timestamp,
+                gap,
+            )
+            for b, gap in zip(news, gaps)
+        ]
         conn.execute(
             self._q.insert_batches,
             (
                 stream_id,
-                [object_ids[b.object_key] for b in news],
-                [b.position for b in news],
-                [b.size for b in news],
-                [b.base_offset for b in news],
-                [b.last_offset for b in news],
-                [b.max_timestamp for b in news],
+                [object_ids[r[1]] for r in rows],
+                *([r[i] for r in rows] for i in range(2, 8)),
+                list(row_crcs(rows)),
             ),
         )
 
     def _repair_time_index(
         self, conn: Connection, stream_id: int, news: Sequence[BatchLocation]
-    ) -> None:
+    ) -> int | None:
         """See :func:`~disklesslog.sequencers.common.time_index_repair`: walks down from
         the highest new timestamp and stops at the first entry at or below the first
-        new offset."""
+        new offset. Returns the highest new timestamp (the stream's maximum rises to it)."""
         repair = time_index_repair(news)
         if repair is None:
-            return
+            return None
         new_max, low = repair
         stale: list[int] = []
         with conn.cursor() as cur:
@@ -1260,82 +1607,66 @@ class PostgresSequencer(Sequencer):
                 if next_offset <= low:
                     break
                 stale.append(ts)
-        conn.execute(self._q.repair_time_index, {"id": stream_id, "stale": stale, "ts": new_max})
+        conn.execute(self._q.delete_time_index, (stream_id, stale))
+        return new_max
 
     # -------------------------------------------------------- consumer groups
 
     def commit_offsets(self, group: str, offsets: Mapping[str, int]) -> None:
         checked = check_offsets(group, offsets)
+        for name, offset in checked.items():
+            check_position(offset, f"offset of {name!r}")
         if not checked:
             return
+        _check_text(group, "group name")
         names, values = list(checked), list(checked.values())
-        self._call(lambda conn: conn.execute(self._q.commit_offsets, (group, names, values)))
+
+        def work(conn: Connection) -> None:
+            conn.execute(self._q.claim_group, (group, row_crc((group, 0))))
+            known = {row[0] for row in conn.execute(self._q.known_offsets, (group, _texts(names)))}
+            self._count_group(conn, group, len(set(names) - known))
+            crcs = [row_crc((group, n, o)) for n, o in zip(names, values)]
+            conn.execute(self._q.commit_offsets, (group, _texts(names), values, crcs))
+
+        self._call(work, transaction=True)
+
+    def _count_group(self, conn: Connection, group: str, change: int) -> None:
+        """Move the number of offset rows ``groups`` keeps for ``group`` by ``change``,
+        its row locked and verified (it goes when the number reaches 0)."""
+        row = conn.execute(self._q.lock_group, (group,)).fetchone()
+        count = 0 if row is None else self._group_count(group, row)
+        if not change:
+            return
+        if count + change > 0:
+            conn.execute(
+                self._q.put_group, (count + change, row_crc((group, count + change)), group)
+            )
+        elif row is not None:
+            conn.execute(self._q.drop_group, (group,))
+
+    def _group_count(self, group: str, row: Sequence[Any]) -> int:
+        if row_crc((group, row[0])) != row[1]:
+            raise damaged_row(self._where, "groups", f"{group!r}")
+        return int(row[0])
 
     def committed_offsets(self, group: str) -> dict[str, int]:
         validate_group_name(group)
+        if "\x00" in group:
+            return {}
         rows = self._call(lambda conn: conn.execute(self._q.committed_offsets, (group,)).fetchall())
-        return dict(rows)
-
-
-# ----------------------------------------------------------------------- helpers
-
-
-def _take(found: list[BatchLocation], rows: Iterable[Sequence[Any]], max_bytes: int) -> bool:
-    """Append batch rows to ``found`` until their sizes reach ``max_bytes`` (at least one
-    batch); True once the page is full."""
-    total = sum(b.size for b in found)
-    for row in rows:
-        if found and total + row[3] > max_bytes:
-            return True
-        found.append(BatchLocation(*row))
-        total += row[3]
-    return False
-
-
-def _apply_migrations(conn: Connection, schema: str) -> None:
-    """Bring ``schema`` to :data:`SCHEMA_VERSION` inside the caller's transaction.
-
-    The advisory lock (released by the transaction's end) makes concurrent openers of
-    one schema take turns: the first creates, the others find it done. Checks use the
-    catalogs with parameters; only the quoted identifier is formatted into SQL."""
-    name = sql.Identifier(schema)
-
-    def run(template: str, params: Sequence[Any] = ()) -> Any:
-        return conn.execute(sql.SQL(template).format(s=name), params)
-
-    conn.execute(
-        "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", (_ADVISORY_LOCK_PREFIX + schema,)
-    )
-    if conn.execute("SELECT 1 FROM pg_namespace WHERE nspname = %s", (schema,)).fetchone() is None:
-        run("CREATE SCHEMA {s}")
-    tables = {
-        row[0]
-        for row in conn.execute(
-            "SELECT c.relname FROM pg_class AS c JOIN pg_namespace AS n ON n.oid = c.relnamespace"
-            " WHERE n.nspname = %s AND c.relkind IN ('r', 'p', 'v', 'm', 'f')",
-            (schema,),
-        )
-    }
-    if "schema_version" not in tables:
-        if tables:
-            raise SequencerError(
-                f"schema {schema!r} already holds tables that are not a disklesslog "
-                f"sequencer's ({', '.join(sorted(tables)[:5])}); choose another ?schema="
+        count = 0 if rows[0][0] is None else self._group_count(group, rows[0])
+        offsets: dict[str, int] = {}
+        for _, _, name, offset, crc in rows:
+            if name is None:
+                continue
+            if row_crc((group, name, offset)) != crc:
+                raise damaged_row(self._where, "group_offsets", f"({group!r}, {name!r})")
+            offsets[name] = offset
+        if count != len(offsets):
+            raise damaged_row(
+                self._where,
+                "group_offsets",
+                f"group {group!r}",
+                f"the group has {len(offsets)} offset rows but counts {count}",
             )
-        run(_CREATE_VERSION_TABLE)
-    row = run("SELECT coalesce(max(version), 0) FROM {s}.schema_version").fetchone()
-    version = int(row[0])
-    if version > SCHEMA_VERSION:
-        raise SequencerError(
-            f"schema {schema!r} has sequencer schema version {version}, written by a newer "
-            f"disklesslog; this version reads up to {SCHEMA_VERSION}. Upgrade disklesslog "
-            "(the schema was not changed)"
-        )
-    for target in range(version + 1, SCHEMA_VERSION + 1):
-        description, statements = _MIGRATIONS[target]
-        for statement in statements:
-            run(statement)
-        run(
-            "INSERT INTO {s}.schema_version (version, description) VALUES (%s, %s)",
-            (target, description),
-        )
+        return offsets

@@ -15,6 +15,11 @@ other producer's batch between them, stored). A batch is then, in this order:
 3. **accepted** if it continues the sequence (first sequence = last accepted + 1, or 0
    for the first batch of a new epoch);
 4. **out of order** otherwise: a gap or a partial overlap would lose or duplicate records.
+   When the sequencer has no state at all for the producer on the stream, this is
+   :class:`~disklesslog.UnknownProducerState` (Kafka's ``UNKNOWN_PRODUCER_ID``): state
+   is dropped only with the stream, so the stream was deleted and created again since
+   the producer last wrote there, and the writer may number it from 0 again (none of
+   its records can be in the new stream; nothing can be a duplicate).
 
 Kafka remembers five *batches*, which suffices for its five requests in flight. A
 writer here retries a whole commit, or a group of commits, which may hold any number of
@@ -32,7 +37,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from ..errors import OutOfOrderSequence, ProducerFenced
+from ..errors import OutOfOrderSequence, ProducerFenced, UnknownProducerState
 from .base import NO_PRODUCER, BatchToCommit
 
 __all__ = ["TRACKED_RUNS", "ProducerStreamState", "advance", "decide"]
@@ -96,6 +101,13 @@ def decide(
         )
     first = batch.base_sequence
     last = first + batch.record_count - 1
+    if state is None and first != 0:
+        raise UnknownProducerState(
+            f"producer {batch.producer_id} has no sequence numbers on stream "
+            f"{batch.stream!r} (deleted and created again since it last wrote there?): "
+            f"its first batch must start at sequence 0, not {first}",
+            stream=batch.stream,
+        )
     if state is None or state.epoch < batch.producer_epoch:
         if first != 0:
             raise OutOfOrderSequence(

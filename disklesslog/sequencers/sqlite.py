@@ -34,13 +34,24 @@ Indexes: ``find_batches`` is a range scan of ``batches (stream_id, last_offset)`
 scans batches in offset order from there: O(log n + interval) while timestamps rise,
 O(n) in the worst case (timestamps going far backwards, or the batches that set a late
 timestamp trimmed away).
+
+Damage (schema version 3): every row a later call trusts carries a CRC-32C of its
+columns, and a stream's batch rows prove themselves complete
+(:mod:`~disklesslog.sequencers.rows`); a mismatch is a
+:class:`~disklesslog.errors.CorruptDataError` naming the file, table and row. SQLite's
+own reports of a damaged file ("database disk image is malformed", "file is not a
+database") become the same error naming the file. Opening checks the file's structure
+while that is cheap: ``PRAGMA integrity_check`` (b-trees, and every index against its
+table) up to :data:`INTEGRITY_CHECK_MAX_BYTES`, ``PRAGMA quick_check`` (b-trees only)
+up to :data:`QUICK_CHECK_MAX_BYTES`, nothing beyond (run
+:meth:`SqliteSequencer.check_integrity` instead); the full check also runs before a
+schema migration (:mod:`~disklesslog.sequencers.sqlite_schema`), whatever the size.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
-import json
 import math
 import os
 import random
@@ -50,12 +61,13 @@ import time
 import weakref
 from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from typing import Any, cast
+from typing import Any
 from urllib.parse import parse_qsl, quote, unquote, urlsplit
 
 from ..api import validate_group_name, validate_stream_name
 from ..errors import (
     ConfigError,
+    CorruptDataError,
     InvalidURL,
     LogClosedError,
     SequencerError,
@@ -98,8 +110,24 @@ from .common import (
     transaction_ranges,
 )
 from .producers import ProducerStreamState
+from .rows import (
+    StateCache,
+    StreamRow,
+    Tiling,
+    check_garbage,
+    damaged_row,
+    greatest,
+    json_value,
+    name_key,
+    new_stream_row,
+    row_crc,
+    row_crcs,
+)
+from .sqlite_schema import SCHEMA_VERSION, migrate, schema_version, stored_version
 
 __all__ = [
+    "INTEGRITY_CHECK_MAX_BYTES",
+    "QUICK_CHECK_MAX_BYTES",
     "SCHEMA_VERSION",
     "SYNCHRONOUS_MODES",
     "TIME_INDEX_INTERVAL",
@@ -108,10 +136,15 @@ __all__ = [
     "parse_sqlite_url",
 ]
 
-SCHEMA_VERSION = 2
-"""Version of the tables this code writes; a newer file is refused, an older migrated."""
-
 SYNCHRONOUS_MODES = ("normal", "full")
+
+INTEGRITY_CHECK_MAX_BYTES = 8 << 20
+"""Opening a database file up to this size runs ``PRAGMA integrity_check``: every page,
+and every index entry against its table (a damaged index makes lookups miss rows that
+exist). It reads about 40 MB/s on a slow shared core, so at most ~0.2 s."""
+QUICK_CHECK_MAX_BYTES = 64 << 20
+"""Up to this size, opening runs ``PRAGMA quick_check`` (pages and b-trees, not index
+contents; about 190 MB/s, so at most ~0.35 s); larger files are not checked on open."""
 
 _WRITE = "BEGIN IMMEDIATE"
 _LOCK_RETRY_FIRST = 0.0005  # seconds; retries of a held write lock grow to _LOCK_RETRY_MAX
@@ -124,75 +157,48 @@ them once for many commits: measured ~15-20% more commits/s, for a WAL of up to 
 and a checkpoint pause of tens of milliseconds every few thousand commits."""
 _WAL_SIZE_LIMIT = 64 << 20  # bytes the WAL file is truncated back to after a checkpoint
 _IN_CHUNK = 500  # "?" per IN list: well under SQLITE_MAX_VARIABLE_NUMBER (999 before 3.32)
+_DAMAGE_CODES = (11, 26)  # SQLITE_CORRUPT, SQLITE_NOTADB (primary result codes)
+_ERRORS = (sqlite3.Error, UnicodeDecodeError)
+"""What a call into ``sqlite3`` raises: its own errors, and UnicodeDecodeError when damaged
+text reaches Python, even inside SQLite's error message ("malformed database schema
+(...)" quoting the damaged bytes)."""
+_DAMAGE_TEXTS = (  # SQLite's words for a damaged file, or a schema not as this code wrote it
+    "malformed",
+    "not a database",
+    "Could not decode",
+    "no such table",
+    "no such column",
+    "has no column named",
+)
 
-_MIGRATIONS: dict[int, tuple[str, ...]] = {
-    1: (
-        "CREATE TABLE streams ("
-        " id INTEGER PRIMARY KEY AUTOINCREMENT,"  # never reused: no old row matches a new stream
-        " name TEXT NOT NULL UNIQUE,"
-        " config TEXT NOT NULL,"
-        " start_offset INTEGER NOT NULL DEFAULT 0,"
-        " end_offset INTEGER NOT NULL DEFAULT 0,"
-        " max_timestamp INTEGER,"  # running max of committed batches (time index)
-        " unindexed INTEGER NOT NULL DEFAULT 0)",  # batches since the last time-index entry
-        "CREATE TABLE producers ("
-        " id INTEGER PRIMARY KEY AUTOINCREMENT,"
-        " name TEXT UNIQUE,"
-        " epoch INTEGER NOT NULL)",
-        "CREATE TABLE producer_streams ("
-        " stream_id INTEGER NOT NULL,"
-        " producer_id INTEGER NOT NULL,"
-        " state TEXT NOT NULL,"  # ProducerStreamState.to_json()
-        " PRIMARY KEY (stream_id, producer_id)) WITHOUT ROWID",
-        "CREATE TABLE objects ("
-        " id INTEGER PRIMARY KEY,"
-        " key TEXT NOT NULL UNIQUE,"
-        " live_batches INTEGER NOT NULL,"
-        " dead_since REAL)",  # NULL while a live batch is in it
-        "CREATE INDEX objects_dead ON objects (dead_since) WHERE dead_since IS NOT NULL",
-        "CREATE TABLE batches ("
-        " id INTEGER PRIMARY KEY AUTOINCREMENT,"  # never reused: stale ids stay stale
-        " stream_id INTEGER NOT NULL,"
-        " object_id INTEGER NOT NULL,"
-        " position INTEGER NOT NULL,"
-        " size INTEGER NOT NULL,"
-        " base_offset INTEGER NOT NULL,"
-        " last_offset INTEGER NOT NULL,"
-        " max_timestamp INTEGER NOT NULL)",
-        "CREATE UNIQUE INDEX batches_by_offset ON batches (stream_id, last_offset)",
-        "CREATE TABLE time_index ("
-        " stream_id INTEGER NOT NULL,"
-        " max_timestamp INTEGER NOT NULL,"
-        " next_offset INTEGER NOT NULL,"
-        " PRIMARY KEY (stream_id, max_timestamp)) WITHOUT ROWID",
-        "CREATE TABLE group_offsets ("
-        " group_name TEXT NOT NULL,"
-        " stream TEXT NOT NULL,"
-        " next_offset INTEGER NOT NULL,"
-        " PRIMARY KEY (group_name, stream)) WITHOUT ROWID",
-    ),
-    2: (
-        # Committed transaction ids (commit_transaction), oldest first by seq.
-        "CREATE TABLE transactions ("
-        " seq INTEGER PRIMARY KEY AUTOINCREMENT,"
-        " id TEXT NOT NULL UNIQUE,"
-        " committed_at REAL NOT NULL,"
-        " ranges TEXT NOT NULL)",  # {"stream": [first, end]}
-        "CREATE INDEX transactions_by_time ON transactions (committed_at)",
-    ),
-}
-
+_STREAM = (
+    "SELECT id, name, config, start_offset, end_offset, max_timestamp, unindexed, tail_gap, crc"
+    " FROM streams"
+)
+_PUT_EXTENT = (
+    "UPDATE streams SET end_offset = ?, max_timestamp = ?, unindexed = ?, tail_gap = 0, crc = ?"
+    " WHERE id = ?"
+)
+_PUT_STREAM = (
+    "UPDATE streams SET config = ?, start_offset = ?, end_offset = ?, max_timestamp = ?,"
+    " unindexed = ?, tail_gap = ?, crc = ? WHERE id = ?"
+)
 _INSERT_BATCH = (
     "INSERT INTO batches (stream_id, object_id, position, size, base_offset, last_offset,"
-    " max_timestamp) VALUES (?, ?, ?, ?, ?, ?, ?)"
+    " max_timestamp, gap, crc) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
 )
-_SELECT_LOCATION = (
-    "SELECT b.id, o.key, b.position, b.size, b.base_offset, b.last_offset, b.max_timestamp"
-    " FROM batches AS b JOIN objects AS o ON o.id = b.object_id"
+_BATCH = (  # what a batch's checksum covers, its id and its object's id
+    "SELECT b.id, o.key, b.position, b.size, b.base_offset, b.last_offset, b.max_timestamp,"
+    " b.gap, b.crc, b.object_id FROM batches AS b JOIN objects AS o ON o.id = b.object_id"
 )
-_RELEASE = (
-    "UPDATE objects SET live_batches = live_batches - ?,"
-    " dead_since = CASE WHEN live_batches = ? THEN ? ELSE dead_since END WHERE id = ?"
+_INSERT_OBJECT = (
+    "INSERT OR IGNORE INTO objects (key, live_batches, dead_since, crc) VALUES (?, ?, ?, ?)"
+)
+_OBJECT = "SELECT id, key, live_batches, dead_since, crc FROM objects"
+_PUT_OBJECT = "UPDATE objects SET live_batches = ?, dead_since = ?, crc = ? WHERE id = ?"
+_PUT_TIME_INDEX = (
+    "INSERT OR REPLACE INTO time_index (stream_id, max_timestamp, next_offset, crc)"
+    " VALUES (?, ?, ?, ?)"
 )
 
 
@@ -284,37 +290,7 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
-class _StateCache:
-    """Decoded producer states with the JSON text each came from, by (stream id,
-    producer id). A writer's next commit loads the text it stored itself, so this
-    skips a JSON decode per batch. Always correct: an entry is used only when the
-    stored text is identical (whoever wrote it), and a rolled-back entry simply misses."""
-
-    LIMIT = 65536
-
-    def __init__(self) -> None:
-        self._entries: dict[tuple[Any, int], tuple[str, ProducerStreamState]] = {}
-
-    def decode(self, key: tuple[Any, int], text: str) -> ProducerStreamState:
-        hit = self._entries.get(key)
-        if hit is not None and hit[0] == text:
-            return hit[1]
-        state = ProducerStreamState.from_json(text)
-        self._remember(key, text, state)
-        return state
-
-    def encode(self, key: tuple[Any, int], state: ProducerStreamState) -> str:
-        text = state.to_json()
-        self._remember(key, text, state)
-        return text
-
-    def _remember(self, key: tuple[Any, int], text: str, state: ProducerStreamState) -> None:
-        if len(self._entries) >= self.LIMIT:
-            self._entries.clear()  # crude but bounded; a miss only costs a decode
-        self._entries[key] = (text, state)
-
-
-def _is_busy(exc: sqlite3.Error) -> bool:
+def _is_busy(exc: Exception) -> bool:
     text = str(exc)
     return "locked" in text or "busy" in text
 
@@ -360,12 +336,20 @@ class SqliteSequencer(Sequencer):
         self._local = threading.local()
         self._connections: weakref.WeakSet[_Connection] = weakref.WeakSet()
         self._closed = False
-        self._states = _StateCache()
+        self._states = StateCache(self.path)
+        self._damage: str | None = None  # what the first integrity check after damage found
         parent = os.path.dirname(self.path)
         try:
             os.makedirs(parent, exist_ok=True)
         except OSError as exc:
             raise SequencerError(f"cannot create the directory of {self.path}: {exc}") from exc
+        size = _file_size(self.path)
+        if 0 < size < 512:  # SQLite would take a file this short for a new, empty one
+            raise CorruptDataError(
+                f"the file holds {size} bytes, fewer than any SQLite database: it was cut "
+                "short, or is not a database",
+                source=self.path,
+            )
         _LIVE.add(self)
         try:
             self._prepare_schema()
@@ -399,7 +383,7 @@ class SqliteSequencer(Sequencer):
             db.execute(f"PRAGMA synchronous = {self.synchronous.upper()}")
             db.execute(f"PRAGMA wal_autocheckpoint = {_AUTOCHECKPOINT_PAGES}")
             db.execute(f"PRAGMA journal_size_limit = {_WAL_SIZE_LIMIT}")
-        except sqlite3.Error as exc:
+        except _ERRORS as exc:
             raise self._error(exc) from exc
         holder = _Connection(db)
         with self._lock:
@@ -428,7 +412,7 @@ class SqliteSequencer(Sequencer):
         for holder in holders:
             with holder.lock:
                 holder.closed = True
-                with contextlib.suppress(sqlite3.Error):
+                with contextlib.suppress(*_ERRORS):
                     holder.db.close()
         _LIVE.discard(self)
 
@@ -447,12 +431,17 @@ class SqliteSequencer(Sequencer):
                 yield db
             except BaseException as exc:
                 self._rollback(db)
-                if isinstance(exc, sqlite3.Error):
+                if isinstance(exc, _ERRORS):
                     raise self._error(exc) from exc
+                if isinstance(exc, OverflowError):  # an int SQLite cannot bind
+                    raise ConfigError(
+                        f"a number does not fit SQLite's 64-bit integers ({exc}); nothing "
+                        "was applied"
+                    ) from None
                 raise
             try:
                 db.execute("COMMIT")
-            except sqlite3.Error as exc:
+            except _ERRORS as exc:
                 self._rollback(db)
                 raise self._error(exc) from exc
 
@@ -463,11 +452,11 @@ class SqliteSequencer(Sequencer):
         if begin != _WRITE:
             try:
                 db.execute(begin)
-            except sqlite3.Error as exc:
+            except _ERRORS as exc:
                 raise self._error(exc) from exc
             return
-        db.execute("PRAGMA busy_timeout = 0")
         try:
+            db.execute("PRAGMA busy_timeout = 0")
             deadline = time.monotonic() + self.timeout
             delay = _LOCK_RETRY_FIRST
             while True:
@@ -479,17 +468,20 @@ class SqliteSequencer(Sequencer):
                         time.sleep(delay * (0.5 + random.random()))
                         delay = min(delay * 1.5, _LOCK_RETRY_MAX)
                         continue
-                    raise self._error(exc) from exc
+                    raise
+        except _ERRORS as exc:
+            raise self._error(exc) from exc
         finally:
-            db.execute(f"PRAGMA busy_timeout = {int(self.timeout * 1000)}")
+            with contextlib.suppress(*_ERRORS):
+                db.execute(f"PRAGMA busy_timeout = {int(self.timeout * 1000)}")
 
     @staticmethod
     def _rollback(db: sqlite3.Connection) -> None:
-        with contextlib.suppress(sqlite3.Error):
+        with contextlib.suppress(*_ERRORS):
             if db.in_transaction:
                 db.execute("ROLLBACK")
 
-    def _error(self, exc: sqlite3.Error) -> Exception:
+    def _error(self, exc: Exception) -> Exception:
         if self._closed:
             return LogClosedError(f"{self!r} was closed")
         text = str(exc)
@@ -499,33 +491,83 @@ class SqliteSequencer(Sequencer):
                 f"to {self.timeout:g} s); nothing was applied. Retry, or raise ?timeout= in "
                 "the URL"
             )
+        code = getattr(exc, "sqlite_errorcode", None)
+        if (
+            isinstance(exc, UnicodeDecodeError)
+            or (isinstance(code, int) and code & 0xFF in _DAMAGE_CODES)
+            or any(t in text for t in _DAMAGE_TEXTS)
+        ):
+            return CorruptDataError(
+                f"SQLite reports: {text}{self._damage_found()}; nothing was applied. See 'A "
+                "damaged sequencer database' in docs/operations.md",
+                source=self.path,
+            )
         return SequencerError(f"sequencer database {self.path}: {text}; nothing was applied")
+
+    def _damage_found(self) -> str:
+        """What ``PRAGMA quick_check`` says of the file, once per sequencer (on the first
+        damage SQLite reports: later reports would only repeat it), on a connection of
+        its own so no transaction of this thread is disturbed."""
+        if self._damage is None:
+            self._damage = ""
+            try:
+                with contextlib.closing(sqlite3.connect(self.path, timeout=self.timeout)) as db:
+                    found = [str(row[0]) for row in db.execute("PRAGMA quick_check(5)")]
+                if found != ["ok"]:
+                    self._damage = "; PRAGMA quick_check found: " + " | ".join(found)
+            except _ERRORS as exc:
+                self._damage = f"; PRAGMA quick_check failed: {exc}"
+        return self._damage
+
+    def check_integrity(self, *, full: bool = True) -> None:
+        """Run ``PRAGMA integrity_check`` (``full``: b-trees and every index against its
+        table) or ``quick_check`` (b-trees only) over the whole file, whatever its size,
+        and raise CorruptDataError naming the file with SQLite's findings if it is
+        damaged. Linear in the file size: a few hundred milliseconds per 10 MB."""
+        with self._transaction(_SNAPSHOT) as db:
+            self._check_file(db, "integrity_check" if full else "quick_check")
+
+    def _check_file(self, db: sqlite3.Connection, pragma: str) -> None:
+        """``PRAGMA integrity_check`` or ``quick_check``: CorruptDataError naming the file
+        with SQLite's first findings, also when the damage stops the check itself."""
+        try:
+            found = [str(row[0]) for row in db.execute(f"PRAGMA {pragma}(10)")]
+        except (sqlite3.DatabaseError, UnicodeDecodeError) as exc:
+            if isinstance(exc, sqlite3.Error) and _is_busy(exc):
+                raise
+            found = [f"the check stopped: {exc}"]
+        if found != ["ok"]:
+            raise CorruptDataError(
+                f"PRAGMA {pragma} found: {' | '.join(found)}. See 'A damaged sequencer "
+                "database' in docs/operations.md",
+                source=self.path,
+            )
 
     # ----------------------------------------------------------------- schema
 
     def _prepare_schema(self) -> None:
+        """Check an up-to-date file as far as that is cheap (in a read transaction, so
+        other processes keep writing), or create or migrate the tables under the write
+        lock (an old file is fully checked first: a migration rewrites every row)."""
         mode = self._switch_to_wal()
         if str(mode).lower() != "wal":
             raise SequencerError(
                 f"{self.path}: SQLite could not switch to WAL mode (got {mode!r}); the "
                 "sequencer needs a local file system that supports shared memory"
             )
+        with self._transaction(_SNAPSHOT) as db:
+            if stored_version(db) == SCHEMA_VERSION:
+                size = _file_size(self.path)
+                if size <= INTEGRITY_CHECK_MAX_BYTES:
+                    self._check_file(db, "integrity_check")
+                elif size <= QUICK_CHECK_MAX_BYTES:
+                    self._check_file(db, "quick_check")
+                return
         with self._transaction(_WRITE) as db:
-            version = _schema_version(db, self.path)
-            if version > SCHEMA_VERSION:
-                raise SequencerError(
-                    f"{self.path} has sequencer schema version {version}, written by a newer "
-                    f"disklesslog; this version reads up to {SCHEMA_VERSION}. Upgrade "
-                    "disklesslog (the file was not changed)"
-                )
-            for target in range(version + 1, SCHEMA_VERSION + 1):
-                for statement in _MIGRATIONS[target]:
-                    db.execute(statement)
-            if version < SCHEMA_VERSION:
-                db.execute(
-                    "INSERT OR REPLACE INTO meta (key, value) VALUES ('schema_version', ?)",
-                    (str(SCHEMA_VERSION),),
-                )
+            version = schema_version(db, self.path)
+            if 0 < version < SCHEMA_VERSION:
+                self._check_file(db, "integrity_check")
+            migrate(db, self.path, version)
 
     def _switch_to_wal(self) -> str:
         """``PRAGMA journal_mode = WAL``, retried: it needs an exclusive lock, and SQLite
@@ -544,7 +586,7 @@ class SqliteSequencer(Sequencer):
                         delay = min(delay * 2, 0.1)
                         continue
                     raise self._error(exc) from exc
-                except sqlite3.Error as exc:
+                except _ERRORS as exc:
                     raise self._error(exc) from exc
 
     # ---------------------------------------------------------------- streams
@@ -553,52 +595,90 @@ class SqliteSequencer(Sequencer):
         validate_stream_name(name)
         _, text = config_copy(config)
         with self._transaction(_WRITE) as db:
-            db.execute("INSERT OR IGNORE INTO streams (name, config) VALUES (?, ?)", (name, text))
-            return _meta(name, self._stream_row(db, name))
+            row = self._find_stream(db, name)
+            if row is None:
+                cursor = db.execute(
+                    "INSERT INTO streams (name, config, name_key) VALUES (?, ?, ?)",
+                    (name, text, name_key(name)),
+                )
+                row = StreamRow(_rowid(cursor), name, text, 0, 0, None, 0, 0)
+                db.execute("UPDATE streams SET crc = ? WHERE id = ?", (row_crc(row), row.id))
+            return self._meta(row)
 
     def alter_stream(self, name: str, changes: Mapping[str, Any]) -> StreamMeta:
         validate_stream_name(name)
         config_copy(changes)  # checked before anything changes
         with self._transaction(_WRITE) as db:
-            stored = self._stream_row(db, name)[3]  # StreamNotFound
-            text = merged_config(stored, changes)
-            db.execute("UPDATE streams SET config = ? WHERE name = ?", (text, name))
-            return _meta(name, self._stream_row(db, name))
+            row = self._stream_row(db, name)  # StreamNotFound
+            self._meta(row)  # the stored config parses
+            row = row._replace(config=merged_config(row.config, changes))
+            self._put_stream(db, row)
+            return self._meta(row)
 
     def delete_stream(self, name: str) -> None:
-        now = self._clock()
+        now = float(self._clock())
         with self._transaction(_WRITE) as db:
-            stream_id = self._stream_row(db, name)[0]
-            counts = db.execute(
-                "SELECT object_id, count(*) FROM batches WHERE stream_id = ? GROUP BY object_id",
-                (stream_id,),
-            ).fetchall()
-            db.execute("DELETE FROM batches WHERE stream_id = ?", (stream_id,))
-            _release(db, counts, now)
+            row = self._stream_row(db, name)
+            olds = self._batches(db, row, "b.stream_id = ? ORDER BY b.last_offset", (row.id,))
+            gone = db.execute("DELETE FROM batches WHERE stream_id = ?", (row.id,)).rowcount
+            self._released(db, row, olds, gone, now)
             for table in ("producer_streams", "time_index"):
-                db.execute(f"DELETE FROM {table} WHERE stream_id = ?", (stream_id,))
+                db.execute(f"DELETE FROM {table} WHERE stream_id = ?", (row.id,))
+            groups = [
+                r[0]
+                for r in db.execute(
+                    "SELECT group_name FROM group_offsets WHERE stream = ?", (name,)
+                )
+            ]
             db.execute("DELETE FROM group_offsets WHERE stream = ?", (name,))
-            db.execute("DELETE FROM streams WHERE id = ?", (stream_id,))
+            for group in groups:
+                self._count_group(db, group, -1)
+            db.execute("DELETE FROM streams WHERE id = ?", (row.id,))
 
     def list_streams(self) -> list[str]:
         with self._transaction(_SNAPSHOT) as db:
-            return [row[0] for row in db.execute("SELECT name FROM streams ORDER BY name")]
+            return [self._verified(row).name for row in db.execute(_STREAM + " ORDER BY name")]
 
     def stream_info(self, name: str) -> StreamMeta:
         with self._transaction(_SNAPSHOT) as db:
-            return _meta(name, self._stream_row(db, name))
+            return self._meta(self._stream_row(db, name))
 
-    def _stream_row(self, db: sqlite3.Connection, name: str) -> tuple[Any, ...]:
-        """``(id, start_offset, end_offset, config, max_timestamp)``; StreamNotFound."""
-        row = db.execute(
-            "SELECT id, start_offset, end_offset, config, max_timestamp FROM streams "
-            "WHERE name = ?",
-            (name,),
-        ).fetchone()
+    def _meta(self, row: StreamRow) -> StreamMeta:
+        config = json_value(row.config, dict, self.path, "streams", f"{row.name!r}")
+        return StreamMeta(row.name, row.start_offset, row.end_offset, config)
+
+    def _stream_row(self, db: sqlite3.Connection, name: str) -> StreamRow:
+        """The verified row of ``name``; StreamNotFound."""
+        row = self._find_stream(db, name)
         if row is None:
             validate_stream_name(name)
             raise StreamNotFound(f"stream {name!r} does not exist")
-        return tuple(row)
+        return row
+
+    def _find_stream(self, db: sqlite3.Connection, name: str) -> StreamRow | None:
+        """The verified row of ``name``, or None. Before saying a stream does not exist,
+        the rows with the name's ``name_key`` are verified: a damaged name, or a damaged
+        entry of the name index, must not make a stream vanish or let a second one of
+        that name be created."""
+        row = db.execute(_STREAM + " WHERE name = ?", (name,)).fetchone()
+        if row is not None:
+            return self._verified(row)
+        for found in db.execute(_STREAM + " WHERE name_key = ?", (name_key(name),)):
+            if self._verified(found).name == name:
+                raise damaged_row(
+                    self.path, "streams", f"{name!r}", "the index of stream names misses it"
+                )
+        return None
+
+    def _verified(self, row: Sequence[Any]) -> StreamRow:
+        """A ``_STREAM`` row, its checksum verified."""
+        values = new_stream_row(row[:8])
+        if row_crc(values) != row[8]:
+            raise damaged_row(self.path, "streams", f"{values.name!r} (id {values.id})")
+        return values
+
+    def _put_stream(self, db: sqlite3.Connection, row: StreamRow) -> None:
+        db.execute(_PUT_STREAM, (*row[2:], row_crc(row), row.id))
 
     # -------------------------------------------------------------- producers
 
@@ -607,65 +687,148 @@ class SqliteSequencer(Sequencer):
             raise ConfigError(f"a producer name must be a non-empty str or None, not {name!r}")
         with self._transaction(_WRITE) as db:
             if name is not None:
-                row = db.execute("SELECT id, epoch FROM producers WHERE name = ?", (name,))
-                found = row.fetchone()
+                found = db.execute(
+                    "SELECT id, name, epoch, crc FROM producers WHERE name = ?", (name,)
+                ).fetchone()
                 if found is not None:
+                    producer_id, epoch = self._producer(found)
+                    values = (producer_id, name, epoch + 1)
                     db.execute(
-                        "UPDATE producers SET epoch = ? WHERE id = ?", (found[1] + 1, found[0])
+                        "UPDATE producers SET epoch = ?, crc = ? WHERE id = ?",
+                        (epoch + 1, row_crc(values), producer_id),
                     )
-                    return found[0], found[1] + 1
+                    return producer_id, epoch + 1
             cursor = db.execute("INSERT INTO producers (name, epoch) VALUES (?, 0)", (name,))
-            return cast(int, cursor.lastrowid), 0
+            producer_id = _rowid(cursor)
+            db.execute(
+                "UPDATE producers SET crc = ? WHERE id = ?",
+                (row_crc((producer_id, name, 0)), producer_id),
+            )
+            return producer_id, 0
+
+    def _producer(self, row: Sequence[Any]) -> tuple[int, int]:
+        """``(id, epoch)`` of a verified ``(id, name, epoch, crc)`` producers row."""
+        if row_crc(row[:3]) != row[3]:
+            raise damaged_row(self.path, "producers", f"id {row[0]}")
+        return row[0], row[2]
 
     # ---------------------------------------------------------------- commits
 
     def commit(self, object_key: str, batches: Sequence[BatchToCommit]) -> list[CommitResult]:
         check_object_key(object_key)
         batches = check_batches(batches)
-        now = self._clock()
+        now = float(self._clock())
         with self._transaction(_WRITE) as db:
-            plan, cursors = _plan(db, batches, self._states)
-            self._write_plan(db, [(object_key, plan.accepted)], plan, cursors, now)
+            plan, streams = self._plan(db, batches)
+            self._write_plan(db, [(object_key, plan.accepted)], plan, streams, now)
         return plan.results
+
+    def _plan(
+        self, db: sqlite3.Connection, batches: Sequence[BatchToCommit]
+    ) -> tuple[CommitPlan, list[tuple[StreamRow, StreamCursor]]]:
+        """Load what the commit's batches touch (every row verified), then judge them
+        with the shared rules. Returns the plan and each touched stream's row with the
+        cursor the plan moved."""
+        names = list(dict.fromkeys(b.stream for b in batches))
+        streams: list[tuple[StreamRow, StreamCursor]] = []
+        cursors: dict[str, StreamCursor] = {}
+        for chunk in _chunks(names):
+            found = db.execute(_STREAM + f" WHERE name IN ({_marks(len(chunk))})", chunk).fetchall()
+            rows = [new_stream_row(r[:8]) for r in found]
+            for row, stored, crc in zip(rows, found, row_crcs(rows)):  # one C loop of CRCs
+                if crc != stored[8]:
+                    raise damaged_row(self.path, "streams", f"{row.name!r} (id {row.id})")
+                cursor = StreamCursor(row.id, row.end_offset, row.max_timestamp, row.unindexed)
+                cursors[row.name] = cursor
+                streams.append((row, cursor))
+        for name in names:
+            if name not in cursors:
+                self._find_stream(db, name)  # damage, rather than StreamNotFound
+        touched: dict[int, set[int]] = {}  # producer id -> stream ids
+        for b in batches:
+            c = cursors.get(b.stream)
+            if b.producer_id != NO_PRODUCER and c is not None:
+                touched.setdefault(b.producer_id, set()).add(c.key)  # type: ignore[arg-type]
+        epochs = self._load_epochs(db, list(touched))
+        states = self._load_states(db, touched)
+        plan = plan_commit(batches, cursors, epochs, states, TIME_INDEX_INTERVAL)
+        return plan, streams
+
+    def _load_epochs(self, db: sqlite3.Connection, producer_ids: list[int]) -> dict[int, int]:
+        epochs: dict[int, int] = {}
+        for chunk in _chunks(producer_ids):
+            rows = db.execute(
+                f"SELECT id, name, epoch, crc FROM producers WHERE id IN ({_marks(len(chunk))})",
+                chunk,
+            )
+            epochs.update(self._producer(row) for row in rows)
+        return epochs
+
+    def _load_states(
+        self, db: sqlite3.Connection, touched: Mapping[int, set[int]]
+    ) -> dict[tuple[Any, int], ProducerStreamState]:
+        states: dict[tuple[Any, int], ProducerStreamState] = {}
+        for producer_id, stream_ids in touched.items():
+            for chunk in _chunks(sorted(stream_ids)):
+                rows = db.execute(
+                    "SELECT stream_id, state, crc FROM producer_streams WHERE producer_id = ?"
+                    f" AND stream_id IN ({_marks(len(chunk))})",
+                    (producer_id, *chunk),
+                )
+                for stream_id, text, crc in rows:
+                    states[(stream_id, producer_id)] = self._states.load(
+                        stream_id, producer_id, text, crc
+                    )
+        return states
 
     def _write_plan(
         self,
         db: sqlite3.Connection,
         parts: Sequence[tuple[str, Sequence[tuple[StreamCursor, BatchToCommit, int]]]],
         plan: CommitPlan,
-        cursors: Sequence[StreamCursor],
+        streams: Sequence[tuple[StreamRow, StreamCursor]],
         now: float,
     ) -> None:
         """Store a plan: each object's accepted batches (``parts``), then the streams'
-        extents, producer states and time-index entries once."""
+        extents, producer states and time-index entries once. A stream's first new
+        batch takes over its ``tail_gap`` as its ``gap``."""
+        gaps: dict[Any, int] = {row.id: row.tail_gap for row, _ in streams if row.tail_gap}
         for object_key, accepted in parts:
-            object_id = _acquire(db, object_key, len(accepted), now)
+            object_id = self._acquire(db, object_key, len(accepted), now)
+            values = [
+                (
+                    c.key,
+                    object_key,
+                    b.position,
+                    b.size,
+                    base,
+                    base + b.span - 1,
+                    b.max_timestamp,
+                    gaps.pop(c.key, 0) if gaps else 0,
+                )
+                for c, b, base in accepted
+            ]
             db.executemany(
                 _INSERT_BATCH,
-                [
-                    (c.key, object_id, b.position, b.size, base, base + b.span - 1, b.max_timestamp)
-                    for c, b, base in accepted
-                ],
+                [(v[0], object_id, *v[2:], crc) for v, crc in zip(values, row_crcs(values))],
             )
         if plan.accepted:
+            moved = [
+                (*row[:4], c.end, c.max_timestamp, c.unindexed, 0) for row, c in streams if c.dirty
+            ]
             db.executemany(
-                "UPDATE streams SET end_offset = ?, max_timestamp = ?, unindexed = ? WHERE id = ?",
-                [(c.end, c.max_timestamp, c.unindexed, c.key) for c in cursors if c.dirty],
+                _PUT_EXTENT, [(*new[4:7], crc, new[0]) for new, crc in zip(moved, row_crcs(moved))]
             )
         if plan.states:
             db.executemany(
-                "INSERT OR REPLACE INTO producer_streams (stream_id, producer_id, state) "
-                "VALUES (?, ?, ?)",
-                [
-                    (sid, pid, self._states.encode((sid, pid), state))
-                    for (sid, pid), state in plan.states.items()
-                ],
+                "INSERT OR REPLACE INTO producer_streams (stream_id, producer_id, state, crc)"
+                " VALUES (?, ?, ?, ?)",
+                self._states.store(plan.states),
             )
         if plan.time_index:
+            entries = [(c.key, ts, offset) for c, ts, offset in plan.time_index]
             db.executemany(
-                "INSERT OR REPLACE INTO time_index (stream_id, max_timestamp, next_offset) "
-                "VALUES (?, ?, ?)",
-                [(c.key, ts, offset) for c, ts, offset in plan.time_index],
+                _PUT_TIME_INDEX, [(*e, crc) for e, crc in zip(entries, row_crcs(entries))]
             )
 
     def commit_transaction(
@@ -675,19 +838,18 @@ class SqliteSequencer(Sequencer):
         either answer the original ranges (recording unknown objects as orphans) or plan
         and store every object's batches and the id."""
         txn, checked, flat = check_transaction(transaction_id, objects)
-        now = self._clock()
+        now = float(self._clock())
         with self._transaction(_WRITE) as db:
             db.execute(
                 "DELETE FROM transactions WHERE committed_at < ?", (transaction_cutoff(now),)
             )
-            row = db.execute("SELECT ranges FROM transactions WHERE id = ?", (txn,)).fetchone()
+            row = db.execute(
+                "SELECT id, committed_at, ranges, crc FROM transactions WHERE id = ?", (txn,)
+            ).fetchone()
             if row is not None:
-                db.executemany(
-                    "INSERT OR IGNORE INTO objects (key, live_batches, dead_since) "
-                    "VALUES (?, 0, ?)",
-                    [(key, now) for key, _ in checked],
-                )
-                return TransactionResult(txn, ranges_from_json(row[0]), duplicate=True)
+                ranges = self._ranges(row)
+                db.executemany(_INSERT_OBJECT, [_orphan(key, now) for key, _ in checked])
+                return TransactionResult(txn, ranges, duplicate=True)
             keys = [key for key, _ in checked]
             known_keys = [
                 row[0]
@@ -698,17 +860,18 @@ class SqliteSequencer(Sequencer):
             ]
             if known_keys:
                 raise already_known(txn, known_keys)
-            plan, cursors = _plan(db, flat, self._states)
+            plan, streams = self._plan(db, flat)
             parts = []
             start = 0
             for key, batches in checked:  # no producers: one accepted entry per batch
                 parts.append((key, plan.accepted[start : start + len(batches)]))
                 start += len(batches)
-            self._write_plan(db, parts, plan, cursors, now)
+            self._write_plan(db, parts, plan, streams, now)
             ranges = transaction_ranges(plan)
+            text = ranges_to_json(ranges)
             db.execute(
-                "INSERT INTO transactions (id, committed_at, ranges) VALUES (?, ?, ?)",
-                (txn, now, ranges_to_json(ranges)),
+                "INSERT INTO transactions (id, committed_at, ranges, crc) VALUES (?, ?, ?, ?)",
+                (txn, now, text, row_crc((txn, now, text))),
             )
             db.execute(
                 "DELETE FROM transactions WHERE seq <= (SELECT max(seq) FROM transactions) - ?",
@@ -716,14 +879,21 @@ class SqliteSequencer(Sequencer):
             )
         return TransactionResult(txn, ranges)
 
+    def _ranges(self, row: Sequence[Any]) -> dict[str, tuple[int, int]]:
+        """The ranges of a verified ``(id, committed_at, ranges, crc)`` transactions row."""
+        where = f"{row[0]!r}"
+        if row_crc(row[:3]) != row[3]:
+            raise damaged_row(self.path, "transactions", where)
+        try:
+            return ranges_from_json(row[2])
+        except (ValueError, TypeError, AttributeError):
+            raise damaged_row(self.path, "transactions", where, "its ranges do not parse") from None
+
     def record_orphan(self, object_key: str) -> None:
         check_object_key(object_key)
-        now = self._clock()
+        now = float(self._clock())
         with self._transaction(_WRITE) as db:
-            db.execute(
-                "INSERT OR IGNORE INTO objects (key, live_batches, dead_since) VALUES (?, 0, ?)",
-                (object_key, now),
-            )
+            db.execute(_INSERT_OBJECT, _orphan(object_key, now))
 
     # ------------------------------------------------------------------ reads
 
@@ -731,278 +901,459 @@ class SqliteSequencer(Sequencer):
         check_position(offset, "offset")
         check_position(max_bytes, "max_bytes")
         with self._transaction(_SNAPSHOT) as db:
-            stream_id, start, end = self._stream_row(db, stream)[:3]
+            row = self._stream_row(db, stream)
+            start, end = row.start_offset, row.end_offset
             if not start <= offset <= end:
                 raise out_of_range(stream, offset, start, end)
             found: list[BatchLocation] = []
             if offset == end:
                 return BatchPage(found, start, end)
+            tiling = Tiling(self.path, stream, offset)
             cursor = db.execute(
-                _SELECT_LOCATION + " WHERE b.stream_id = ? AND b.last_offset >= ?"
-                " ORDER BY b.last_offset",
-                (stream_id, offset),
+                _BATCH + " WHERE b.stream_id = ? AND b.last_offset >= ? ORDER BY b.last_offset",
+                (row.id, offset),
             )
             total = 0
-            for row in cursor:
-                if found and total + row[3] > max_bytes:
+            for location in self._locations(row, cursor, tiling):
+                if found and total + location.size > max_bytes:
                     break
-                found.append(BatchLocation(*row))
-                total += row[3]
+                found.append(location)
+                total += location.size
+            else:
+                tiling.finish(end, row.tail_gap)
             cursor.close()  # a finished statement lets COMMIT end the snapshot
             return BatchPage(found, start, end)
+
+    def _locations(
+        self, stream: StreamRow, rows: Iterable[Sequence[Any]], tiling: Tiling | None
+    ) -> Iterator[BatchLocation]:
+        """Verified locations of ``_BATCH`` rows of ``stream``, in the order read, each
+        checked to follow the one before (``tiling``)."""
+        for batch_id, key, position, size, base, last, max_ts, gap, crc, _ in rows:
+            if row_crc((stream.id, key, position, size, base, last, max_ts, gap)) != crc:
+                raise damaged_row(
+                    self.path, "batches", f"(stream {stream.name!r}, last_offset {last})"
+                )
+            if tiling is not None:
+                tiling.add(base, last, gap)
+            yield BatchLocation(batch_id, key, position, size, base, last, max_ts)
 
     def offset_for_time(self, stream: str, timestamp: int) -> int | None:
         check_position(timestamp, "timestamp")  # any int: timestamps may be negative
         with self._transaction(_SNAPSHOT) as db:
-            stream_id, start = self._stream_row(db, stream)[:2]
+            row = self._stream_row(db, stream)
+            if row.max_timestamp is None or row.max_timestamp < timestamp:
+                return None  # the running maximum of every batch ever stored
             entry = db.execute(
-                "SELECT next_offset FROM time_index WHERE stream_id = ? AND max_timestamp < ?"
-                " ORDER BY max_timestamp DESC LIMIT 1",
-                (stream_id, timestamp),
+                "SELECT max_timestamp, next_offset, crc FROM time_index WHERE stream_id = ?"
+                " AND max_timestamp < ? ORDER BY max_timestamp DESC LIMIT 1",
+                (row.id, timestamp),
             ).fetchone()
-            lower = start if entry is None else max(start, entry[0])
-            row = db.execute(
-                "SELECT base_offset FROM batches WHERE stream_id = ? AND last_offset >= ?"
-                " AND max_timestamp >= ? ORDER BY last_offset LIMIT 1",
-                (stream_id, lower, timestamp),
-            ).fetchone()
-            return None if row is None else max(int(row[0]), start)
+            lower = row.start_offset
+            if entry is not None:
+                if row_crc((row.id, entry[0], entry[1])) != entry[2]:
+                    raise damaged_row(
+                        self.path, "time_index", f"(stream {stream!r}, max_timestamp {entry[0]})"
+                    )
+                lower = max(lower, entry[1])
+            if lower >= row.end_offset:
+                return None
+            # Every batch from ``lower`` up to the answer is read and verified: one
+            # missing or damaged would move the answer.
+            tiling = Tiling(self.path, stream, lower)
+            cursor = db.execute(
+                _BATCH + " WHERE b.stream_id = ? AND b.last_offset >= ? ORDER BY b.last_offset",
+                (row.id, lower),
+            )
+            for location in self._locations(row, cursor, tiling):
+                if location.max_timestamp >= timestamp:
+                    cursor.close()
+                    return max(location.base_offset, row.start_offset)
+            tiling.finish(row.end_offset, row.tail_gap)
+            return None
 
     # ------------------------------------------------------------ maintenance
 
     def trim(self, stream: str, before: int) -> None:
         check_position(before, "before")
-        now = self._clock()
+        now = float(self._clock())
         with self._transaction(_WRITE) as db:
-            stream_id, start, end = self._stream_row(db, stream)[:3]
-            if before > end:
-                raise out_of_range(stream, before, start, end)
-            if before <= start:
+            row = self._stream_row(db, stream)
+            if before > row.end_offset:
+                raise out_of_range(stream, before, row.start_offset, row.end_offset)
+            if before <= row.start_offset:
                 return
-            counts = db.execute(
-                "SELECT object_id, count(*) FROM batches WHERE stream_id = ? AND last_offset < ?"
-                " GROUP BY object_id",
-                (stream_id, before),
-            ).fetchall()
-            db.execute(
-                "DELETE FROM batches WHERE stream_id = ? AND last_offset < ?", (stream_id, before)
+            olds = self._batches(
+                db,
+                row,
+                "b.stream_id = ? AND b.last_offset < ? ORDER BY b.last_offset",
+                (row.id, before),
             )
-            _release(db, counts, now)
+            gone = db.execute(
+                "DELETE FROM batches WHERE stream_id = ? AND last_offset < ?", (row.id, before)
+            ).rowcount
+            self._released(db, row, olds, gone, now)
             db.execute(
                 "DELETE FROM time_index WHERE stream_id = ? AND next_offset <= ?",
-                (stream_id, before),
+                (row.id, before),
             )
-            db.execute("UPDATE streams SET start_offset = ? WHERE id = ?", (before, stream_id))
+            self._put_stream(db, row._replace(start_offset=before))
+
+    def _batches(
+        self, db: sqlite3.Connection, stream: StreamRow, where: str, params: Sequence[Any]
+    ) -> list[tuple[int, BatchLocation]]:
+        """``(object id, location)`` of the batches of ``stream`` a trim or delete is
+        about to drop, verified and checked to tile from the start offset: an object's
+        live count must only go down for batches that really were in it."""
+        rows = db.execute(_BATCH + " WHERE " + where, params).fetchall()
+        tiling = Tiling(self.path, stream.name, stream.start_offset)
+        locations = self._locations(stream, rows, tiling)
+        return [(row[9], location) for row, location in zip(rows, locations)]
+
+    def _released(
+        self,
+        db: sqlite3.Connection,
+        stream: StreamRow,
+        olds: Sequence[tuple[int, BatchLocation]],
+        deleted: int,
+        now: float,
+    ) -> None:
+        """Uncount the dropped batches ``olds`` in their objects, once the DELETE that
+        dropped them removed exactly as many rows (else one was hidden from the read)."""
+        if deleted != len(olds):
+            raise damaged_row(
+                self.path,
+                "batches",
+                f"stream {stream.name!r}",
+                f"{deleted} batch rows were dropped where {len(olds)} were read",
+            )
+        self._release(db, Counter(object_id for object_id, _ in olds).items(), now)
 
     def replace_batches(
         self, stream: str, old_batch_ids: Sequence[int], new_batches: Sequence[BatchLocation]
     ) -> bool:
         ids = check_old_ids(old_batch_ids)
         news = list(new_batches)
-        now = self._clock()
+        now = float(self._clock())
         with self._transaction(_WRITE) as db:
-            stream_id = self._stream_row(db, stream)[0]
-            olds = _load_batches(db, stream_id, ids)
+            row = self._stream_row(db, stream)
+            olds = self._load_batches(db, row, ids)
             if len(olds) != len(ids):
                 return False
+            first, last = olds[0][1], olds[-1][1]
             (between,) = db.execute(
                 "SELECT count(*) FROM batches WHERE stream_id = ? AND last_offset BETWEEN ? AND ?",
-                (stream_id, olds[0][1].last_offset, olds[-1][1].last_offset),
+                (row.id, first.last_offset, last.last_offset),
             ).fetchone()
             if between != len(olds):
                 raise not_contiguous(stream)
-            old_locations = [loc for _, loc in olds]
+            old_locations = [loc for _, loc, _ in olds]
             check_new_batches(stream, old_locations, news)
+            for b in news:
+                for value in (b.position, b.size, b.base_offset, b.last_offset, b.max_timestamp):
+                    check_position(value, "a replacement batch's numbers")
+            # The offsets the old batches held (with the gap before the first) are now
+            # the new batches' and their gaps; what is left over joins the gap of the
+            # next batch, or the stream's tail.
+            tiling = Tiling(self.path, stream, first.base_offset - olds[0][2])
+            for _, loc, gap in olds:
+                tiling.add(loc.base_offset, loc.last_offset, gap)
+            claim = first.base_offset - olds[0][2]
+            gaps = []
+            for b in news:
+                gaps.append(b.base_offset - claim)
+                claim = b.last_offset + 1
+            leftover = last.last_offset + 1 - claim
+            following = db.execute(
+                _BATCH + " WHERE b.stream_id = ? AND b.last_offset > ? ORDER BY b.last_offset"
+                " LIMIT 1",
+                (row.id, last.last_offset),
+            ).fetchone()
+            if following is None:
+                tiling.finish(row.end_offset, row.tail_gap)
+            else:
+                list(self._locations(row, [following], tiling))  # verified, and it follows
+                if leftover:
+                    values = (row.id, *following[1:7], following[7] + leftover)
+                    db.execute(
+                        "UPDATE batches SET gap = ?, crc = ? WHERE id = ?",
+                        (values[7], row_crc(values), following[0]),
+                    )
             for chunk in _chunks(ids):
                 db.execute(f"DELETE FROM batches WHERE id IN ({_marks(len(chunk))})", chunk)
-            _release(db, Counter(object_id for object_id, _ in olds).items(), now)
-            _insert_replacements(db, stream_id, news, now)
-            _repair_time_index(db, stream_id, news)
+            self._release(db, Counter(object_id for object_id, _, _ in olds).items(), now)
+            self._insert_replacements(db, row.id, news, gaps, now)
+            new_max = _repair_time_index(db, row.id, news)
+            self._put_stream(
+                db,
+                row._replace(
+                    max_timestamp=greatest(row.max_timestamp, new_max),
+                    tail_gap=row.tail_gap + (leftover if following is None else 0),
+                ),
+            )
             return True
 
-    def objects_to_delete(self, grace_seconds: float) -> list[str]:
-        cutoff = self._clock() - grace_seconds
-        with self._transaction(_SNAPSHOT) as db:
+    def _load_batches(
+        self, db: sqlite3.Connection, stream: StreamRow, ids: Sequence[int]
+    ) -> list[tuple[int, BatchLocation, int]]:
+        """``(object_id, location, gap)`` of the live batches of ``stream`` among ``ids``,
+        verified, in offset order."""
+        found: list[tuple[int, BatchLocation, int]] = []
+        for chunk in _chunks(ids):
             rows = db.execute(
-                "SELECT key FROM objects WHERE dead_since IS NOT NULL AND dead_since <= ?"
-                " ORDER BY dead_since, key",
-                (cutoff,),
-            )
-            return [row[0] for row in rows]
+                _BATCH + f" WHERE b.stream_id = ? AND b.id IN ({_marks(len(chunk))})",
+                (stream.id, *chunk),
+            ).fetchall()
+            locations = self._locations(stream, rows, None)
+            found.extend((row[9], loc, row[7]) for row, loc in zip(rows, locations))
+        found.sort(key=lambda item: item[1].base_offset)
+        return found
 
-    def forget_objects(self, object_keys: Sequence[str]) -> None:
-        keys = [(key,) for key in check_keys(object_keys)]
-        with self._transaction(_WRITE) as db:
-            db.executemany("DELETE FROM objects WHERE key = ? AND live_batches = 0", keys)
-
-    def list_objects(self) -> list[str]:
-        with self._transaction(_SNAPSHOT) as db:
-            return [row[0] for row in db.execute("SELECT key FROM objects ORDER BY key")]
-
-    # -------------------------------------------------------- consumer groups
-
-    def commit_offsets(self, group: str, offsets: Mapping[str, int]) -> None:
-        checked = check_offsets(group, offsets)
-        with self._transaction(_WRITE) as db:
-            db.executemany(
-                "INSERT OR REPLACE INTO group_offsets (group_name, stream, next_offset)"
-                " VALUES (?, ?, ?)",
-                [(group, name, offset) for name, offset in checked.items()],
-            )
-
-    def committed_offsets(self, group: str) -> dict[str, int]:
-        validate_group_name(group)
-        with self._transaction(_SNAPSHOT) as db:
-            rows = db.execute(
-                "SELECT stream, next_offset FROM group_offsets WHERE group_name = ?", (group,)
-            )
-            return dict(rows)
-
-
-# ----------------------------------------------------------------------- helpers
-
-
-def _schema_version(db: sqlite3.Connection, path: str) -> int:
-    """0 for an empty file; refuses a database that is not a sequencer's."""
-    tables = {row[0] for row in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
-    if "meta" not in tables:
-        if tables - {"sqlite_sequence"}:
-            raise SequencerError(
-                f"{path} is a SQLite database but not a disklesslog sequencer's (no meta "
-                "table); point the URL at a new file"
-            )
-        db.execute("CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL) WITHOUT ROWID")
-        return 0
-    row = db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
-    return 0 if row is None else int(row[0])
-
-
-def _meta(name: str, row: tuple[Any, ...]) -> StreamMeta:
-    return StreamMeta(name, row[1], row[2], json.loads(row[3]))
-
-
-def _plan(
-    db: sqlite3.Connection, batches: Sequence[BatchToCommit], cache: _StateCache
-) -> tuple[CommitPlan, list[StreamCursor]]:
-    """Load what the commit's batches touch, then judge them with the shared rules."""
-    names = list(dict.fromkeys(b.stream for b in batches))
-    streams: dict[str, StreamCursor] = {}
-    for chunk in _chunks(names):
-        for stream_id, name, end, max_ts, unindexed in db.execute(
-            "SELECT id, name, end_offset, max_timestamp, unindexed FROM streams"
-            f" WHERE name IN ({_marks(len(chunk))})",
-            chunk,
-        ):
-            streams[name] = StreamCursor(stream_id, end, max_ts, unindexed)
-    touched: dict[int, set[int]] = {}  # producer id -> stream ids
-    for b in batches:
-        cursor = streams.get(b.stream)
-        if b.producer_id != NO_PRODUCER and cursor is not None:
-            touched.setdefault(b.producer_id, set()).add(cursor.key)  # type: ignore[arg-type]
-    epochs = _load_epochs(db, list(touched))
-    states = _load_states(db, touched, cache)
-    plan = plan_commit(batches, streams, epochs, states, TIME_INDEX_INTERVAL)
-    return plan, list(streams.values())
-
-
-def _load_epochs(db: sqlite3.Connection, producer_ids: list[int]) -> dict[int, int]:
-    epochs: dict[int, int] = {}
-    for chunk in _chunks(producer_ids):
-        rows = db.execute(
-            f"SELECT id, epoch FROM producers WHERE id IN ({_marks(len(chunk))})", chunk
-        )
-        epochs.update(rows)
-    return epochs
-
-
-def _load_states(
-    db: sqlite3.Connection, touched: Mapping[int, set[int]], cache: _StateCache
-) -> dict[tuple[Any, int], ProducerStreamState]:
-    states: dict[tuple[Any, int], ProducerStreamState] = {}
-    for producer_id, stream_ids in touched.items():
-        for chunk in _chunks(sorted(stream_ids)):
-            rows = db.execute(
-                "SELECT stream_id, state FROM producer_streams WHERE producer_id = ?"
-                f" AND stream_id IN ({_marks(len(chunk))})",
-                (producer_id, *chunk),
-            )
-            for stream_id, text in rows:
-                states[(stream_id, producer_id)] = cache.decode((stream_id, producer_id), text)
-    return states
-
-
-def _acquire(db: sqlite3.Connection, key: str, batches: int, now: float) -> int:
-    """Id of object ``key``, created if new, counting ``batches`` more live batches in
-    it (a new object without any is dead from the start: all its batches were
-    duplicates, so nothing will ever read it)."""
-    cursor = db.execute(
-        "INSERT OR IGNORE INTO objects (key, live_batches, dead_since) VALUES (?, ?, ?)",
-        (key, batches, None if batches else now),
-    )
-    if cursor.rowcount == 1 and cursor.lastrowid is not None:
-        return cursor.lastrowid
-    (object_id,) = db.execute("SELECT id FROM objects WHERE key = ?", (key,)).fetchone()
-    if batches:
-        db.execute(
-            "UPDATE objects SET live_batches = live_batches + ?, dead_since = NULL WHERE id = ?",
-            (batches, object_id),
-        )
-    return int(object_id)
-
-
-def _release(db: sqlite3.Connection, counts: Iterable[tuple[int, int]], now: float) -> None:
-    """Uncount live batches per object; objects left with none are dead from ``now``."""
-    db.executemany(_RELEASE, [(n, n, now, object_id) for object_id, n in counts])
-
-
-def _load_batches(
-    db: sqlite3.Connection, stream_id: int, ids: Sequence[int]
-) -> list[tuple[int, BatchLocation]]:
-    """``(object_id, location)`` of the live batches of ``stream_id`` among ``ids``,
-    in offset order."""
-    found: list[tuple[int, BatchLocation]] = []
-    for chunk in _chunks(ids):
-        rows = db.execute(
-            "SELECT b.object_id, b.id, o.key, b.position, b.size, b.base_offset, b.last_offset,"
-            " b.max_timestamp FROM batches AS b JOIN objects AS o ON o.id = b.object_id"
-            f" WHERE b.stream_id = ? AND b.id IN ({_marks(len(chunk))})",
-            (stream_id, *chunk),
-        )
-        found.extend((row[0], BatchLocation(*row[1:])) for row in rows)
-    found.sort(key=lambda item: item[1].base_offset)
-    return found
-
-
-def _insert_replacements(
-    db: sqlite3.Connection, stream_id: int, news: Sequence[BatchLocation], now: float
-) -> None:
-    per_object = Counter(b.object_key for b in news)
-    object_ids = {key: _acquire(db, key, n, now) for key, n in per_object.items()}
-    db.executemany(
-        _INSERT_BATCH,
-        [
-            (
+    def _insert_replacements(
+        self,
+        db: sqlite3.Connection,
+        stream_id: int,
+        news: Sequence[BatchLocation],
+        gaps: Sequence[int],
+        now: float,
+    ) -> None:
+        per_object = Counter(b.object_key for b in news)
+        object_ids = {key: self._acquire(db, key, n, now) for key, n in per_object.items()}
+        rows = []
+        for b, gap in zip(news, gaps):
+            values = (
                 stream_id,
-                object_ids[b.object_key],
+                b.object_key,
                 b.position,
                 b.size,
                 b.base_offset,
                 b.last_offset,
                 b.max_timestamp,
+                gap,
             )
-            for b in news
-        ],
-    )
+            rows.append((stream_id, object_ids[b.object_key], *values[2:], row_crc(values)))
+        db.executemany(_INSERT_BATCH, rows)
+
+    # -------------------------------------------------------------- objects
+
+    def _acquire(self, db: sqlite3.Connection, key: str, batches: int, now: float) -> int:
+        """Id of object ``key``, created if new, counting ``batches`` more live batches in
+        it (a new object without any is dead from the start: all its batches were
+        duplicates, so nothing will ever read it). A known object's row is verified
+        before its count changes."""
+        dead = None if batches else now
+        cursor = db.execute(_INSERT_OBJECT, (key, batches, dead, row_crc((key, batches, dead))))
+        if cursor.rowcount == 1:
+            return _rowid(cursor)
+        object_id, _, live, _ = self._object(
+            db.execute(_OBJECT + " WHERE key = ?", (key,)).fetchone(), key
+        )
+        if batches:
+            values = (key, live + batches, None)
+            db.execute(_PUT_OBJECT, (*values[1:], row_crc(values), object_id))
+        return object_id
+
+    def _release(
+        self, db: sqlite3.Connection, counts: Iterable[tuple[int, int]], now: float
+    ) -> None:
+        """Uncount live batches per object; objects left with none are dead from ``now``."""
+        pairs = dict(counts)
+        updates = []
+        ids = list(pairs)
+        for chunk in _chunks(ids):
+            for found in db.execute(_OBJECT + f" WHERE id IN ({_marks(len(chunk))})", chunk):
+                object_id, key, live, dead_since = self._object(found, f"id {found[0]}")
+                n = pairs.pop(object_id)
+                if live < n:
+                    raise damaged_row(
+                        self.path,
+                        "objects",
+                        f"{key!r}",
+                        f"it counts {live} live batches, but {n} of them are being dropped",
+                    )
+                values = (key, live - n, now if live == n else dead_since)
+                updates.append((*values[1:], row_crc(values), object_id))
+        if pairs:
+            raise damaged_row(
+                self.path, "objects", f"id {next(iter(pairs))}", "a live batch's object is missing"
+            )
+        db.executemany(_PUT_OBJECT, updates)
+
+    def _object(self, row: Sequence[Any] | None, what: str) -> tuple[int, str, int, float | None]:
+        """``(id, key, live_batches, dead_since)`` of a verified ``_OBJECT`` row."""
+        if row is None or row_crc(row[1:4]) != row[4]:
+            raise damaged_row(self.path, "objects", what if row is None else f"{row[1]!r}")
+        return row[0], row[1], row[2], row[3]
+
+    def objects_to_delete(self, grace_seconds: float) -> list[str]:
+        """Read through the index of dead objects, every row verified, then checked
+        against one scan of the table in C (a damaged index or ``dead_since`` must not
+        hide garbage forever)."""
+        cutoff = self._clock() - grace_seconds
+        with self._transaction(_SNAPSHOT) as db:
+            rows = db.execute(
+                _OBJECT + " WHERE dead_since IS NOT NULL AND dead_since <= ?"
+                " ORDER BY dead_since, key",
+                (cutoff,),
+            )
+            keys = []
+            for found in rows:
+                _, key, live, _ = self._object(found, "")
+                if live:
+                    raise damaged_row(
+                        self.path,
+                        "objects",
+                        f"{key!r}",
+                        f"it is dead but counts {live} live batches",
+                    )
+                keys.append(key)
+            due, undated = db.execute(
+                "SELECT coalesce(sum(dead_since IS NOT NULL AND dead_since <= ?), 0),"
+                " coalesce(sum(live_batches = 0 AND dead_since IS NULL), 0)"
+                " FROM objects NOT INDEXED",
+                (cutoff,),
+            ).fetchone()
+            check_garbage(self.path, len(keys), due, undated)
+            return keys
+
+    def forget_objects(self, object_keys: Sequence[str]) -> None:
+        keys = [check_object_key(key) for key in check_keys(object_keys)]
+        with self._transaction(_WRITE) as db:
+            for chunk in _chunks(keys):
+                found = db.execute(
+                    _OBJECT + f" WHERE key IN ({_marks(len(chunk))}) AND live_batches = 0", chunk
+                ).fetchall()
+                for row in found:
+                    self._object(row, "")
+                db.executemany(
+                    "DELETE FROM objects WHERE id = ? AND live_batches = 0",
+                    [(row[0],) for row in found],
+                )
+
+    def list_objects(self) -> list[str]:
+        """Every object row verified, and their live batches counted against the batch
+        rows: the reconcile pass deletes what is not listed here, so a row lost from
+        ``objects`` must be an error, not an object deleted from storage."""
+        with self._transaction(_SNAPSHOT) as db:
+            keys = []
+            live = 0
+            for found in db.execute(_OBJECT + " ORDER BY key"):
+                _, key, count, _ = self._object(found, "")
+                keys.append(key)
+                live += count
+            (batches,) = db.execute("SELECT count(*) FROM batches").fetchone()
+            if batches != live:
+                raise damaged_row(
+                    self.path,
+                    "objects",
+                    "(all)",
+                    f"the objects count {live} live batches but there are {batches} batch rows",
+                )
+            return keys
+
+    # -------------------------------------------------------- consumer groups
+
+    def commit_offsets(self, group: str, offsets: Mapping[str, int]) -> None:
+        checked = check_offsets(group, offsets)
+        for name, offset in checked.items():
+            check_position(offset, f"offset of {name!r}")
+        if not checked:
+            return
+        with self._transaction(_WRITE) as db:
+            names = list(checked)
+            known = {
+                row[0]
+                for chunk in _chunks(names)
+                for row in db.execute(
+                    "SELECT stream FROM group_offsets WHERE group_name = ?"
+                    f" AND stream IN ({_marks(len(chunk))})",
+                    (group, *chunk),
+                )
+            }
+            db.executemany(
+                "INSERT OR REPLACE INTO group_offsets (group_name, stream, next_offset, crc)"
+                " VALUES (?, ?, ?, ?)",
+                [
+                    (group, name, offset, row_crc((group, name, offset)))
+                    for name, offset in checked.items()
+                ],
+            )
+            self._count_group(db, group, len(set(names) - known))
+
+    def _count_group(self, db: sqlite3.Connection, group: str, change: int) -> int:
+        """Move the number of offset rows ``groups`` keeps for ``group`` by ``change``
+        (the row goes when it reaches 0); returns the number before the change."""
+        row = db.execute(
+            "SELECT streams, crc FROM groups WHERE group_name = ?", (group,)
+        ).fetchone()
+        count = 0 if row is None else self._group_count(group, row)
+        if change:
+            if count + change > 0:
+                db.execute(
+                    "INSERT OR REPLACE INTO groups (group_name, streams, crc) VALUES (?, ?, ?)",
+                    (group, count + change, row_crc((group, count + change))),
+                )
+            else:
+                db.execute("DELETE FROM groups WHERE group_name = ?", (group,))
+        return count
+
+    def _group_count(self, group: str, row: Sequence[Any]) -> int:
+        if row_crc((group, row[0])) != row[1]:
+            raise damaged_row(self.path, "groups", f"{group!r}")
+        return int(row[0])
+
+    def committed_offsets(self, group: str) -> dict[str, int]:
+        validate_group_name(group)
+        with self._transaction(_SNAPSHOT) as db:
+            offsets = {}
+            for name, offset, crc in db.execute(
+                "SELECT stream, next_offset, crc FROM group_offsets WHERE group_name = ?", (group,)
+            ):
+                if row_crc((group, name, offset)) != crc:
+                    raise damaged_row(self.path, "group_offsets", f"({group!r}, {name!r})")
+                offsets[name] = offset
+            count = self._count_group(db, group, 0)
+            if count != len(offsets):
+                raise damaged_row(
+                    self.path,
+                    "group_offsets",
+                    f"group {group!r}",
+                    f"the group has {len(offsets)} offset rows but counts {count}",
+                )
+            return offsets
+
+
+# ----------------------------------------------------------------------- helpers
+
+
+def _rowid(cursor: sqlite3.Cursor) -> int:
+    """The id SQLite gave the row an INSERT just added."""
+    if cursor.lastrowid is None:  # pragma: no cover - every INSERT here adds a row
+        raise SequencerError("SQLite returned no id for a new row")
+    return cursor.lastrowid
+
+
+def _file_size(path: str) -> int:
+    try:
+        return os.path.getsize(path)
+    except OSError:
+        return 0
+
+
+def _orphan(key: str, now: float) -> tuple[str, int, float, int]:
+    """``_INSERT_OBJECT`` parameters of an object without live batches, dead from ``now``."""
+    return (key, 0, now, row_crc((key, 0, now)))
 
 
 def _repair_time_index(
     db: sqlite3.Connection, stream_id: int, news: Sequence[BatchLocation]
-) -> None:
-    """See :func:`~disklesslog.sequencers.memory.time_index_repair`: walks down from the
-    highest new timestamp and stops at the first entry at or below the first new offset."""
+) -> int | None:
+    """See :func:`~disklesslog.sequencers.common.time_index_repair`: walks down from the
+    highest new timestamp and stops at the first entry at or below the first new offset.
+    Returns the highest new timestamp (the stream's maximum must rise to it)."""
     repair = time_index_repair(news)
     if repair is None:
-        return
+        return None
     new_max, low = repair
     rows = db.execute(
         "SELECT max_timestamp, next_offset FROM time_index WHERE stream_id = ?"
@@ -1016,7 +1367,4 @@ def _repair_time_index(
         stale.append((stream_id, ts))
     rows.close()
     db.executemany("DELETE FROM time_index WHERE stream_id = ? AND max_timestamp = ?", stale)
-    db.execute(
-        "UPDATE streams SET max_timestamp = max(coalesce(max_timestamp, ?), ?) WHERE id = ?",
-        (new_max, new_max, stream_id),
-    )
+    return new_max

@@ -389,6 +389,36 @@ def test_deleted_stream_is_gone_for_another_log_handle(log_factory) -> None:
     assert second.stream("s").append(b"again") == 0
 
 
+def test_appends_go_on_after_another_handle_recreates_the_stream(log_factory) -> None:
+    """Another process deletes a stream and creates it again: this log's appends (single
+    ones and every writer's) land in the new stream, after whatever the other process
+    put there, instead of being refused for the old stream's numbering forever."""
+    first, second = log_factory(), log_factory()
+    anonymous = first.writer(linger_ms=0)
+    # Object logs' writers are idempotent producers, anonymous or named.
+    named_option = {"producer": "named"} if log_factory.backend.objects else {}
+    named = first.writer(linger_ms=0, **named_option)
+    first.stream("s").append_batch([b"1", b"2"])
+    assert anonymous.append("s", b"3").result() == 2
+    assert named.append("s", b"4").result() == 3
+    second.delete_stream("s")
+    second.create_stream("s")
+    assert second.stream("s").append(b"theirs") == 0
+    assert first.stream("s").append(b"a") == 1
+    assert anonymous.append("s", b"b").result() == 2
+    assert named.append("s", b"c").result() == 3
+    assert first.stream("s").append_batch([b"d", b"e"]) == [4, 5]
+    second.delete_stream("s")  # again, and nothing written before this log's appends
+    second.create_stream("s")
+    assert named.append("s", b"f").result() == 0
+    assert anonymous.append("s", b"g").result() == 1
+    assert first.stream("s").append(b"h") == 2
+    anonymous.close()
+    named.close()
+    assert [r.value for r in second.stream("s").read()] == [b"f", b"g", b"h"]
+    assert [r.value for r in first.stream("s").read()] == [b"f", b"g", b"h"]
+
+
 # ---------------------------------------------------------------------------- trim
 
 
@@ -630,6 +660,19 @@ def test_writer_keeps_order_and_all_fields(log: disklesslog.Log) -> None:
     records = list(log.stream("s").read())
     assert [r.offset for r in records] == list(range(1000))
     assert records[999] == Record(999, 1_999, b"k5", b"999", (("i", b"999"),))
+
+
+def test_writer_append_batch_keeps_what_it_was_given(log: disklesslog.Log) -> None:
+    """A writer encodes at its flush: a caller reusing its lists after ``append_batch``
+    returns must not change what is written."""
+    values, keys = [b"v0", b"v1"], [b"k0", b"k1"]
+    with log.writer(linger_ms=60_000) as writer:
+        future = writer.append_batch("s", values, keys=keys)
+        values[:] = [b"changed", b"changed"]
+        keys.clear()
+        writer.flush()
+    assert future.result() == [0, 1]
+    assert [(r.key, r.value) for r in log.stream("s").read()] == [(b"k0", b"v0"), (b"k1", b"v1")]
 
 
 def test_writer_flushes_on_buffer_size(log: disklesslog.Log) -> None:

@@ -88,7 +88,7 @@ def test_reconcile_takes_old_unknown_objects_only(object_maintenance_factory) ->
     assert any("never knew" in line for line in report.actions)
     assert any("no time in their name" in line for line in report.skipped)
     assert [r.value for r in log.stream("s").read()] == [b"v", b"old but live"]
-    assert storage.exists("disklesslog.json")  # nothing outside the data folder is touched
+    assert storage.read_small("disklesslog.json")  # nothing outside the data folder is touched
     # With the floor lowered (as an operator sure that no writer runs might), the young
     # unknown upload goes too: the floor is the only thing that kept it.
     gc_module.collect_garbage(objects, grace_seconds=0)

@@ -45,6 +45,7 @@ from disklesslog.segments.layout import (
     INTENT,
     STAGING,
     STATE,
+    STATE_COPY,
     list_segments,
     segment_name,
 )
@@ -141,7 +142,7 @@ def _assert_tidy(path: Path) -> None:
     names = set(os.listdir(directory))
     assert STAGING not in names and INTENT not in names, sorted(names)
     bases = {segment_name(base, ".log")[:-4] for base in list_segments(directory)}
-    for name in names - {STREAM_CONFIG, STATE, CLEANER_LOCK, CHECKPOINT}:
+    for name in names - {STREAM_CONFIG, STATE, STATE_COPY, CLEANER_LOCK, CHECKPOINT}:
         stem, _, suffix = name.partition(".")
         assert suffix in ("log", "index", "timeindex") and stem in bases, name
 

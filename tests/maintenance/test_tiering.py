@@ -38,9 +38,9 @@ from disklesslog import (
     OffsetOutOfRange,
 )
 from disklesslog.cli import main
+from disklesslog.segments import layout, tiering
 from disklesslog.segments import log as segment_log
 from disklesslog.segments import manifest as manifests
-from disklesslog.segments import tiering
 from disklesslog.testing import FaultyMemoryFileSystem, create_bucket, s3_storage_options
 
 WORKERS = Path(__file__).with_name("tier_workers.py")
@@ -765,8 +765,9 @@ def _copy_tiered_log(path: Path, tier: Path, to: Path) -> Path:
     shutil.rmtree(to, ignore_errors=True)
     shutil.copytree(path, to / "log")
     shutil.copytree(tier, to / "tier", copy_function=os.link)
-    config = json.loads((to / "log" / "tier.json").read_text())
-    (to / "log" / "tier.json").write_text(json.dumps({**config, "url": f"file://{to}/tier"}))
+    tier_json = to / "log" / "tier.json"
+    config, _ = layout.decode_json(tier_json.read_bytes(), str(tier_json), what="tier.json")
+    tier_json.write_bytes(layout.encode_json({**config, "url": f"file://{to}/tier"}))
     return to / "log"
 
 

@@ -1,10 +1,13 @@
 """The object backend's block cache: exact bytes across block and object boundaries,
 one fetch per contiguous missing run, LRU by bytes, single flight (shared successes,
-shared failures, interrupted loaders), put_object, and the disk tier (restarts, damaged
-files, eviction, sharing a directory)."""
+shared failures, interrupted loaders), put_object, the disk tier (restarts, damaged
+files and files of other blocks, files of an earlier version, eviction, sharing a
+directory), and checked reads (disk writes only once confirmed, refreshes that replace
+both tiers, ranges dropped after a failed check)."""
 
 from __future__ import annotations
 
+import logging
 import os
 import random
 import signal
@@ -17,6 +20,7 @@ import pytest
 
 import disklesslog
 from disklesslog.errors import ConfigError
+from disklesslog.format import crc32c
 from disklesslog.metrics import Metrics
 from disklesslog.objects import cache as cache_module
 from disklesslog.objects.cache import (
@@ -478,6 +482,147 @@ def test_clear_empties_both_tiers_and_leaves_foreign_files(tmp_path: Path) -> No
     assert (tmp_path / "notes.txt").exists()
 
 
+def test_invalidate_with_a_range_drops_only_the_blocks_holding_it(tmp_path: Path) -> None:
+    cache = BlockCache(block_size=10, cache_dir=tmp_path)
+    cache.put_object(KEY, DATA[:50])
+    cache.invalidate(KEY, 15, 21)  # blocks 1 and 2
+    assert len(_disk_files(tmp_path)) == 3
+    assert cache.stats()["memory_blocks"] == 3
+    source = Source()
+    assert cache.read(KEY, 0, 50, source) == DATA[:50]
+    assert source.calls == [(10, 30)]
+    cache.invalidate(KEY, 30, 30)  # an empty range drops nothing
+    assert cache.stats()["memory_blocks"] == 5
+
+
+# ------------------------------------------------------- checked reads: confirm, refresh
+
+
+def test_a_checked_read_reaches_the_disk_only_when_confirmed(tmp_path: Path) -> None:
+    """Blocks fetched for a reader that checks them wait in memory until it confirms
+    bytes in them: then (and only then) they are written to disk."""
+    cache = BlockCache(block_size=10, cache_dir=tmp_path)
+    assert cache.read(KEY, 0, 50, Source(), checked=True) == DATA[:50]
+    assert _disk_files(tmp_path) == []
+    assert cache.stats()["unconfirmed"] == 5
+    cache.confirm(KEY, 12, 25)  # blocks 1 and 2
+    assert len(_disk_files(tmp_path)) == 2
+    assert cache.stats()["unconfirmed"] == 3
+    fresh = BlockCache(block_size=10, cache_dir=tmp_path)
+    assert fresh.read(KEY, 10, 30, Source(b"")) == DATA[10:30]
+    cache.confirm(KEY, 0, 50)
+    cache.confirm(KEY, 0, 50)  # confirming twice writes nothing more
+    assert cache.stats()["disk_writes"] == 5
+    assert cache.stats()["unconfirmed"] == 0
+    # Blocks from disk or memory were confirmed before: nothing waits for them.
+    BlockCache(block_size=10, cache_dir=tmp_path).read(KEY, 0, 50, Source(b""), checked=True)
+    assert cache.stats()["unconfirmed"] == 0
+
+
+def test_bytes_that_failed_their_check_never_reach_the_disk(tmp_path: Path) -> None:
+    cache = BlockCache(block_size=10, cache_dir=tmp_path)
+    cache.read(KEY, 0, 50, Source(), checked=True)
+    cache.invalidate(KEY, 23, 27)  # the caller found block 2 bad
+    cache.confirm(KEY, 0, 50)
+    assert len(_disk_files(tmp_path)) == 4
+    source = Source()
+    assert BlockCache(block_size=10, cache_dir=tmp_path).read(KEY, 0, 50, source) == DATA[:50]
+    assert source.calls == [(20, 30)]
+
+
+def test_unconfirmed_blocks_evicted_from_memory_never_reach_the_disk(tmp_path: Path) -> None:
+    cache = BlockCache(block_size=10, max_bytes=30, cache_dir=tmp_path)
+    cache.read(KEY, 0, 50, Source(), checked=True)
+    assert cache.stats()["unconfirmed"] == 3  # blocks 0 and 1 were evicted
+    cache.confirm(KEY, 0, 50)
+    assert len(_disk_files(tmp_path)) == 3
+    assert cache.stats()["unconfirmed"] == 0
+
+
+def test_an_unchecked_read_writes_through_as_before(tmp_path: Path) -> None:
+    cache = BlockCache(block_size=10, cache_dir=tmp_path)
+    cache.read(KEY, 0, 50, Source())
+    assert len(_disk_files(tmp_path)) == 5
+    assert cache.stats()["unconfirmed"] == 0
+
+
+def test_a_refresh_fetches_again_and_replaces_both_tiers(tmp_path: Path) -> None:
+    damaged = bytearray(DATA)
+    damaged[15] ^= 0x01
+    cache = BlockCache(block_size=10, cache_dir=tmp_path)
+    assert cache.read(KEY, 0, 30, Source(bytes(damaged)))[15] != DATA[15]  # cached, on disk
+    source = Source()
+    metrics = Metrics()
+    assert (
+        cache.read(KEY, 12, 18, source, refresh=True, checked=True, metrics=metrics)
+        == (DATA[12:18])
+    )
+    assert source.calls == [(10, 20)]  # only the blocks asked for, straight from the source
+    assert metrics.snapshot()["cache_misses"] == 1
+    assert cache.read(KEY, 0, 30, source) == DATA[:30]  # the others stay cached
+    assert source.calls == [(10, 20)]
+    assert len(_disk_files(tmp_path)) == 2  # the damaged file is gone ...
+    cache.confirm(KEY, 12, 18)  # ... and the fresh block replaces it once confirmed
+    assert (
+        BlockCache(block_size=10, cache_dir=tmp_path).read(KEY, 0, 30, Source(b"")) == (DATA[:30])
+    )
+
+
+def test_a_load_of_old_bytes_under_way_cannot_undo_a_refresh() -> None:
+    """A reader that began loading the block before the refresh gets what it loaded, but
+    its bytes do not replace the refreshed ones in the cache."""
+    damaged = bytes(b ^ 0xFF for b in DATA)
+    cache = BlockCache(block_size=10)
+    started, release = threading.Event(), threading.Event()
+
+    def slow_damaged(start: int, end: int) -> bytes:
+        started.set()
+        assert release.wait(5)
+        return damaged[start:end]
+
+    old: list[bytes] = []
+    reader = threading.Thread(
+        target=lambda: old.append(cache.read(KEY, 0, 10, slow_damaged)), daemon=True
+    )
+    reader.start()
+    assert started.wait(5)
+    assert cache.read(KEY, 0, 10, Source(), refresh=True) == DATA[:10]  # does not wait
+    release.set()
+    reader.join(5)
+    assert old == [damaged[:10]]
+    assert cache.read(KEY, 0, 10, Source(b"")) == DATA[:10]
+
+
+def test_readers_that_come_during_a_refresh_share_its_fetch(waiters: Callable[[], int]) -> None:
+    damaged = bytes(b ^ 0xFF for b in DATA)
+    cache = BlockCache(block_size=10)
+    cache.read(KEY, 0, 10, Source(damaged))
+    started, release = threading.Event(), threading.Event()
+
+    def slow(start: int, end: int) -> bytes:
+        started.set()
+        assert release.wait(5)
+        return DATA[start:end]
+
+    results: list[bytes] = []
+    refresher = threading.Thread(
+        target=lambda: results.append(cache.read(KEY, 0, 10, slow, refresh=True)), daemon=True
+    )
+    refresher.start()
+    assert started.wait(5)
+    other = Source()
+    follower = threading.Thread(
+        target=lambda: results.append(cache.read(KEY, 0, 10, other)), daemon=True
+    )
+    follower.start()
+    _wait_until(lambda: waiters() >= 1)
+    release.set()
+    refresher.join(5)
+    follower.join(5)
+    assert results == [DATA[:10], DATA[:10]]
+    assert other.calls == []
+
+
 # ---------------------------------------------------------------------------- disk tier
 
 
@@ -519,6 +664,7 @@ def test_a_short_last_block_on_disk_marks_the_end(tmp_path: Path) -> None:
         "empty file",
         "trailing garbage",
         "longer length field",
+        "zero a range",
     ],
 )
 def test_a_damaged_disk_file_is_discarded_and_refetched(tmp_path: Path, damage: str) -> None:
@@ -540,6 +686,8 @@ def test_a_damaged_disk_file_is_discarded_and_refetched(tmp_path: Path, damage: 
         raw += b"\0"
     elif damage == "longer length field":
         raw[8] = 17
+    elif damage == "zero a range":
+        raw[18:26] = bytes(8)
     path.write_bytes(bytes(raw))
     cache = BlockCache(block_size=16, cache_dir=tmp_path)
     metrics = Metrics()
@@ -577,6 +725,49 @@ def test_an_object_log_reads_right_through_cache_files_with_a_lost_page(tmp_path
     with disklesslog.open(url, backend="objects", cache=reading) as log:
         assert list(log.stream("s").read()) == expected
     assert reading.stats()["disk_discards"] == len(damaged)
+
+
+@pytest.mark.parametrize("other", ["another object's block", "another block of the object"])
+def test_a_disk_file_of_another_block_is_discarded_and_refetched(
+    tmp_path: Path, other: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A file copied, restored or renamed over a block's name holds a valid block with a
+    valid CRC, just not this one: the CRC covers the file's name too, so it fails."""
+    writer = BlockCache(block_size=16, cache_dir=tmp_path)
+    writer.put_object(KEY, DATA[:16])
+    (ours,) = _disk_files(tmp_path)
+    if other == "another object's block":
+        writer.put_object("objects/another", DATA[100:116])
+    else:
+        writer.put_object(KEY, DATA[:32])  # adds block 1
+    (theirs,) = set(_disk_files(tmp_path)) - {ours}
+    ours.write_bytes(theirs.read_bytes())
+    cache = BlockCache(block_size=16, cache_dir=tmp_path)
+    metrics = Metrics()
+    source = Source()
+    with caplog.at_level(logging.WARNING, logger="disklesslog"):
+        assert cache.read(KEY, 0, 16, source, metrics=metrics) == DATA[:16]
+    assert source.calls == [(0, 16)]
+    assert metrics.snapshot()["cache_disk_discards"] == 1
+    assert f"discarding damaged file {ours}" in caplog.text
+    assert BlockCache(block_size=16, cache_dir=tmp_path).read(KEY, 0, 16, Source(b"")) == DATA[:16]
+
+
+def test_a_disk_file_of_an_earlier_version_is_dropped_quietly(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    BlockCache(block_size=16, cache_dir=tmp_path).put_object(KEY, DATA[:16])
+    (path,) = _disk_files(tmp_path)
+    block = DATA[:16]  # as version 1 wrote it: the CRC of the block alone
+    path.write_bytes(cache_module.DISK_HEADER.pack(b"DLC1", crc32c(block), 16) + block)
+    cache = BlockCache(block_size=16, cache_dir=tmp_path)
+    source = Source()
+    with caplog.at_level(logging.WARNING, logger="disklesslog"):
+        assert cache.read(KEY, 0, 16, source) == DATA[:16]
+    assert source.calls == [(0, 16)]
+    assert cache.stats()["disk_discards"] == 0
+    assert "discarding" not in caplog.text
+    assert path.read_bytes()[:4] == cache_module.DISK_MAGIC  # written again as version 2
 
 
 def test_disk_eviction_by_bytes_oldest_first(tmp_path: Path) -> None:

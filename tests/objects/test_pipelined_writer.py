@@ -18,9 +18,17 @@ import fsspec
 import pytest
 
 import disklesslog
-from disklesslog import DisklessLogError, OutOfOrderSequence, ProducerFenced, SequencerConflict
+from disklesslog import (
+    DisklessLogError,
+    OutOfOrderSequence,
+    ProducerFenced,
+    RecordTooLarge,
+    SequencerConflict,
+    StreamConfig,
+    UnknownProducerState,
+)
 from disklesslog.errors import ConfigError
-from disklesslog.objects.writer import COMMIT_ATTEMPTS, ObjectWriter
+from disklesslog.objects.writer import COMMIT_ATTEMPTS, RESTARTS, ObjectWriter
 from disklesslog.sequencers.base import BatchToCommit, CommitResult
 from disklesslog.sequencers.memory import MemorySequencer
 from disklesslog.sequencers.objectstore import ObjectStoreSequencer
@@ -220,6 +228,57 @@ def test_a_stream_deleted_under_waiting_flushes_is_created_again() -> None:
         assert [f.result() for f in futures] == [0, 1, 2]
         assert _values(log, "s") == [b"n0", b"n1", b"n2"]
         writer.close()
+
+
+def test_a_stream_created_again_elsewhere_under_waiting_flushes_is_numbered_from_zero() -> None:
+    """Another process deletes and creates the stream while flushes wait: the sequencer
+    has no numbers of this producer there (UnknownProducerState), so the writer numbers
+    the stream from 0 again; the flushes behind are restamped, the other stream's
+    numbering is untouched, and later flushes are numbered right from the start."""
+    sequencer = GatedSequencer()
+    with disklesslog.open(_url(), sequencer=sequencer) as log:
+        writer = log.writer(linger_ms=0)
+        assert [writer.append(s, b"old").result() for s in ("s", "t")] == [0, 0]
+        sequencer.hold()
+        futures = [writer.append("s", b"n0")]
+        assert sequencer.entered.wait(10)
+        refused_key = sequencer.calls[-1][0]
+        futures += _line_up(log, writer, [("s", b"n1"), ("t", b"t1"), ("s", b"n2")])
+        MemorySequencer.delete_stream(sequencer, "s")  # as another process would
+        smaller = StreamConfig().replace(max_record_bytes=1024)  # and with other settings
+        MemorySequencer.create_stream(sequencer, "s", smaller.to_dict())
+        sequencer.gate.set()
+        writer.flush()
+        assert [f.result() for f in futures] == [0, 1, 1, 2]
+        with pytest.raises(RecordTooLarge):  # later appends follow the new stream's settings
+            writer.append("s", b"x" * 2048)
+        assert _values(log, "s") == [b"n0", b"n1", b"n2"]
+        assert _values(log, "t") == [b"old", b"t1"]
+        assert log.metrics()["restamped_flushes"] >= 1
+        restamped = log.metrics()["restamped_flushes"]
+        assert writer.append("s", b"n3").result() == 3
+        assert writer.append("t", b"t2").result() == 2
+        assert log.metrics()["restamped_flushes"] == restamped
+        assert refused_key in sequencer.objects_to_delete(0)  # its numbers were stale
+        writer.close()
+
+
+def test_a_stream_created_again_over_and_over_fails_the_flush_at_last() -> None:
+    """Numbering from 0 again is bounded per stream: a flush refused every time fails
+    with the sequencer's UnknownProducerState instead of looping."""
+    sequencer = GatedSequencer()
+    sequencer.refuse = lambda key: UnknownProducerState("injected", stream="s")
+    with disklesslog.open(_url(), sequencer=sequencer) as log:
+        writer = log.writer(linger_ms=0)
+        future = writer.append("s", b"x")
+        with pytest.raises(UnknownProducerState, match="injected"):
+            future.result(timeout=10)
+        assert len(sequencer.calls) == 1 + RESTARTS
+        sequencer.refuse = lambda key: None
+        assert writer.append("s", b"y").result() == 0
+        assert _values(log, "s") == [b"y"]
+        with contextlib.suppress(UnknownProducerState):
+            writer.close()
 
 
 class _Flaky(MemorySequencer):

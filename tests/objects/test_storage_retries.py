@@ -1,6 +1,7 @@
-"""PUT retries see through the clients' own error types: gcsfs's HttpError and Azure's
+"""Storage retries see through the clients' own error types: gcsfs's HttpError and Azure's
 ServiceRequestError are not OSErrors, yet a transient one must be retried like any other
-(a write-once key and the same bytes make every retry safe)."""
+(a write-once key and the same bytes make every PUT retry safe; GETs change nothing).
+The last failure is a StorageError (also an OSError); a missing object is not retried."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from typing import Any
 import fsspec
 import pytest
 
+from disklesslog import DataLossError, DisklessLogError, StorageError
 from disklesslog.metrics import Metrics
 from disklesslog.objects.storage import ObjectStorage
 from disklesslog.sequencers.base import BatchToCommit
@@ -21,12 +23,22 @@ class ClientError(Exception):
 
 
 class Flaky:
-    """Wraps a memory filesystem; its next ``failures`` PUTs raise ClientError."""
+    """Wraps a memory filesystem; its next ``failures`` PUTs and ``get_failures`` GETs
+    raise ClientError."""
 
-    def __init__(self, failures: int) -> None:
+    def __init__(self, failures: int, get_failures: int = 0) -> None:
         self.fs = fsspec.filesystem("memory")
         self.failures = failures
+        self.get_failures = get_failures
+        self.gets = 0
         self.protocol = "flaky"
+
+    def cat_file(self, path: str, start: int | None = None, end: int | None = None) -> bytes:
+        self.gets += 1
+        if self.get_failures:
+            self.get_failures -= 1
+            raise ClientError("503 Slow Down")
+        return bytes(self.fs.cat_file(path, start=start, end=end))
 
     def pipe_file(self, path: str, data: bytes, mode: str = "overwrite", **kw: Any) -> None:
         if self.failures:
@@ -52,9 +64,34 @@ def test_object_put_gives_up_with_an_oserror_naming_the_cause() -> None:
     storage = ObjectStorage(
         Flaky(failures=99), f"/flaky-{uuid.uuid4().hex}", Metrics(), retry_delay=0.001
     )
-    with pytest.raises(OSError, match="after 5 attempts: 503") as caught:
+    with pytest.raises(OSError, match=r"objects/a .*after 5 attempts: 503") as caught:
         storage.put("objects/a", b"data")
+    assert isinstance(caught.value, StorageError)
+    assert isinstance(caught.value, DisklessLogError)
     assert isinstance(caught.value.__cause__, ClientError)
+
+
+def test_object_get_retries_a_client_error() -> None:
+    fs = Flaky(failures=0)
+    storage = ObjectStorage(fs, f"/flaky-{uuid.uuid4().hex}", Metrics(), retry_delay=0.001)
+    storage.put("objects/a", b"0123456789")
+    fs.get_failures = 4
+    assert storage.get_range("objects/a", 2, 5) == b"234"
+    assert storage.metrics.snapshot()["get_errors"] == 4
+    fs.get_failures = 5
+    with pytest.raises(StorageError, match=r"could not read object objects/a .*503"):
+        storage.get_range("objects/a", 2, 5)
+    fs.get_failures = 2
+    assert storage.read_small("objects/a") == b"0123456789"
+
+
+def test_a_missing_object_is_data_loss_without_retries() -> None:
+    fs = Flaky(failures=0)
+    storage = ObjectStorage(fs, f"/flaky-{uuid.uuid4().hex}", Metrics(), retry_delay=0.001)
+    with pytest.raises(DataLossError, match="objects/gone"):
+        storage.get_range("objects/gone", 0, 10)
+    assert fs.gets == 1
+    assert "get_errors" not in storage.metrics.snapshot()
 
 
 def test_sequencer_entry_put_retries_a_client_error() -> None:

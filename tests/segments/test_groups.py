@@ -13,6 +13,7 @@ import pytest
 
 import disklesslog
 from disklesslog import CorruptDataError
+from disklesslog.segments.layout import decode_json
 
 SPAWN = multiprocessing.get_context("spawn")
 COMMITS = 150
@@ -75,10 +76,40 @@ def test_group_file_layout_and_fsync(tmp_path: Path) -> None:
         log.stream("b").append(b"x")
         log.stream("a").append(b"x")
         log.commit_offsets("my.group", {"b": 1, "a": 0})
-    content = json.loads((tmp_path / "groups" / "my.group.json").read_text())
-    assert content == {"version": 1, "group": "my.group", "offsets": {"a": 0, "b": 1}}
+    path = tmp_path / "groups" / "my.group.json"
+    content, checked = decode_json(path.read_bytes(), str(path), what="group")
+    assert checked
+    assert content == {"version": 2, "group": "my.group", "offsets": {"a": 0, "b": 1}}
     with disklesslog.open(tmp_path, create=False) as log:
         assert log.committed_offsets("my.group") == {"a": 0, "b": 1}
+
+
+def test_version_1_group_files_are_read(tmp_path: Path) -> None:
+    """Files written before checksums (version 1, plain JSON) are read as before, and
+    replaced by checksummed ones on the next commit."""
+    with disklesslog.open(tmp_path, fsync="never") as log:
+        log.stream("s").append(b"x")
+        log.stream("t").append(b"x")
+        path = tmp_path / "groups" / "g.json"
+        path.parent.mkdir(exist_ok=True)
+        path.write_text(json.dumps({"version": 1, "group": "g", "offsets": {"s": 1}}))
+        assert log.committed_offsets("g") == {"s": 1}
+        log.commit_offsets("g", {"t": 1})
+        assert decode_json(path.read_bytes(), str(path), what="group")[1]
+        assert log.committed_offsets("g") == {"s": 1, "t": 1}
+
+
+def test_damaged_offset_in_a_group_file_is_detected(tmp_path: Path) -> None:
+    """A changed digit still parses as JSON: only the checksum catches it."""
+    with disklesslog.open(tmp_path, fsync="never") as log:
+        log.stream("s").append(b"x")
+        log.commit_offsets("g", {"s": 12345})
+        path = tmp_path / "groups" / "g.json"
+        raw = path.read_bytes()
+        path.write_bytes(raw.replace(b"12345", b"12346"))
+        with pytest.raises(CorruptDataError, match="CRC-32C") as info:
+            log.committed_offsets("g")
+        assert info.value.source == str(path)
 
 
 @pytest.mark.parametrize(

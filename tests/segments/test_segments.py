@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 import disklesslog
-from disklesslog import InvalidURL, Record
+from disklesslog import InvalidURL, Record, StorageError
 from disklesslog.segments import store as store_module
-from disklesslog.segments.layout import MARKER, STATE, StreamState, segment_name
+from disklesslog.segments.layout import MARKER, STATE, StreamState, decode_json, segment_name
 
 
 def _stream_dir(root: Path, name: str = "s") -> Path:
@@ -261,12 +261,12 @@ def test_failed_write_leaves_nothing_visible(
             raise OSError(errno.ENOSPC, "No space left on device")  # ...then the disk is full
 
         monkeypatch.setattr(store_module.os, "writev", half_then_enospc)
-        with pytest.raises(OSError, match="No space"):
+        with pytest.raises(StorageError, match="No space"):
             stream.append(b"lost")
-        with pytest.raises(OSError):
+        with pytest.raises(StorageError):
             stream.append_batch([b"lost"] * 3)
         monkeypatch.setattr(store_module.os, "writev", lambda fd, b: real_writev(fd, b) - 1)
-        with pytest.raises(OSError, match="short write"):
+        with pytest.raises(StorageError, match="short write"):
             stream.append(b"short")
         monkeypatch.setattr(store_module.os, "writev", real_writev)
         assert _logs(tmp_path)[0].stat().st_size == size  # truncated back every time
@@ -290,10 +290,10 @@ def test_writer_reports_failures_per_stream(
         writer = log.writer(linger_ms=60_000)
         good = [writer.append("good", b"%d" % i) for i in range(5)]
         bad = [writer.append("bad", b"%d" % i) for i in range(5)]
-        with pytest.raises(OSError, match="I/O error"):
+        with pytest.raises(StorageError, match="I/O error"):
             writer.flush()
         assert [f.result() for f in good] == list(range(5))
-        assert all(isinstance(f.exception(), OSError) for f in bad)
+        assert all(isinstance(f.exception(), StorageError) for f in bad)
         monkeypatch.setattr(store_module.StreamStore, "append", real_append)
         later = writer.append("bad", b"later")
         writer.flush()
@@ -308,9 +308,40 @@ def test_writer_reports_failures_per_stream(
 def test_marker_and_layout(tmp_path: Path) -> None:
     with disklesslog.open(tmp_path / "new") as log:
         log.stream("s").append(b"x")
-    content = json.loads((tmp_path / "new" / MARKER).read_text())
-    assert content == {"format": "disklesslog-segments", "version": 1}
+    marker = tmp_path / "new" / MARKER
+    content, checked = decode_json(marker.read_bytes(), str(marker), what="marker")
+    assert checked
+    assert content == {"format": "disklesslog-segments", "version": 2}
     assert sorted(p.name for p in (tmp_path / "new").iterdir()) == [MARKER, "streams", "tmp"]
+
+
+def test_a_version_1_log_is_upgraded_when_opened(tmp_path: Path) -> None:
+    """A log written before checksums opens, and is marked version 2 so that older
+    versions, which would misread its checksummed files, refuse it from then on."""
+    with disklesslog.open(tmp_path / "old") as log:
+        log.stream("s").append(b"x")
+    marker = tmp_path / "old" / MARKER
+    marker.write_text('{"format": "disklesslog-segments", "version": 1}\n')
+    with disklesslog.open(tmp_path / "old") as log:
+        assert [r.value for r in log.stream("s").read()] == [b"x"]
+    content, checked = decode_json(marker.read_bytes(), str(marker), what="marker")
+    assert checked and content["version"] == 2
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        b'{"format": "disklesslog-segments", "version": 2}\n',  # version 2 needs its checksum
+        b'{"format": "disklesslog-segments", "version": 3}\n#crc32c:00000000\n',
+        b"\x00" * 20,
+    ],
+)
+def test_a_damaged_marker_is_refused(tmp_path: Path, damage: bytes) -> None:
+    with disklesslog.open(tmp_path / "log"):
+        pass
+    (tmp_path / "log" / MARKER).write_bytes(damage)
+    with pytest.raises(InvalidURL, match=r"disklesslog\.json|version"):
+        disklesslog.open(tmp_path / "log")
 
 
 def test_an_empty_existing_directory_becomes_a_log(tmp_path: Path) -> None:
@@ -443,7 +474,9 @@ def test_index_entries_past_what_a_reader_saw_are_not_damage(tmp_path: Path) -> 
     from disklesslog.segments.index import OFFSET_ENTRY, SparseIndex
 
     path = tmp_path / "x.index"
-    path.write_bytes(b"".join(OFFSET_ENTRY.pack(k, v) for k, v in [(1, 100), (5, 900)]))
+    writer = SparseIndex(path, OFFSET_ENTRY)
+    writer.append(1, 100)
+    writer.append(5, 900)
     index = SparseIndex(path, OFFSET_ENTRY)
     assert index.load(max_key=10, max_value=500, strict=False)
     assert list(index.keys) == [1]

@@ -27,6 +27,7 @@ from disklesslog.errors import (
     SequencerError,
     StreamNotFound,
     TransactionError,
+    UnknownProducerState,
 )
 from disklesslog.sequencers import (
     NO_PRODUCER,
@@ -460,8 +461,17 @@ def test_one_bad_batch_rejects_the_whole_commit(
         batch("a", 2, records=3),
         batch("a", 1, position=-1),
         batch("a", 1, size=-5),
+        batch("a", 1, position=True),  # type: ignore[arg-type]
+        batch("a", 1, ts=1.5),  # type: ignore[arg-type]
     ],
-    ids=["span-0", "records-over-span", "negative-position", "negative-size"],
+    ids=[
+        "span-0",
+        "records-over-span",
+        "negative-position",
+        "negative-size",
+        "bool-position",
+        "float-timestamp",
+    ],
 )
 def test_malformed_batches_are_refused(sequencer: Sequencer, bad: BatchToCommit) -> None:
     make(sequencer, "a")
@@ -602,6 +612,27 @@ def test_a_producer_must_start_each_stream_and_epoch_at_zero(sequencer: Sequence
     with pytest.raises(OutOfOrderSequence):
         sequencer.commit("o4", [batch("a", producer=p2, seq=3)])
     assert offsets(sequencer.commit("o5", [batch("a", producer=p2, seq=0)])) == [3]
+
+
+def test_a_stream_created_again_knows_no_producer(sequencer: Sequencer) -> None:
+    """Deleting a stream drops its producers' numbers: a producer that goes on with its
+    old numbering is told UnknownProducerState (naming the stream), and may start at 0;
+    a stream that lived on keeps refusing a gap as plain OutOfOrderSequence."""
+    make(sequencer, "a", "b")
+    p = sequencer.init_producer()
+    sequencer.commit("o1", [batch("a", 3, producer=p, seq=0), batch("b", 3, producer=p, seq=0)])
+    sequencer.delete_stream("a")
+    make(sequencer, "a")
+    sequencer.commit("o2", [batch("a", 2)])  # another writer's records in the new stream
+    with pytest.raises(UnknownProducerState) as info:
+        sequencer.commit("o3", [batch("a", producer=p, seq=3)])
+    assert info.value.stream == "a"
+    with pytest.raises(OutOfOrderSequence) as gap:
+        sequencer.commit("o4", [batch("b", producer=p, seq=4)])
+    assert not isinstance(gap.value, UnknownProducerState)
+    assert offsets(sequencer.commit("o5", [batch("a", producer=p, seq=0)])) == [2]
+    assert sequencer.commit("o5", [batch("a", producer=p, seq=0)]) == [CommitResult(2, True)]
+    assert (sequencer.stream_info("a").end_offset, sequencer.stream_info("b").end_offset) == (3, 3)
 
 
 def test_reinitialising_a_named_producer_fences_the_old_instance(sequencer: Sequencer) -> None:
@@ -1253,3 +1284,58 @@ def test_a_transaction_refuses_objects_known_before(sequencer: Sequencer) -> Non
         with pytest.raises(TransactionError):
             sequencer.commit_transaction("t", [("fresh", [batch("a")]), (key, [batch("a")])])
     assert snapshot(sequencer) == before
+
+
+# --------------------------------------------------------------- 64-bit limits
+
+
+def _beyond_64_bits(seq: Sequencer, value: int) -> dict[str, Callable[[], Any]]:
+    """Every call that takes a number, given one no sequencer can store."""
+    old = all_batches(seq, "a")
+    return {
+        "trim": lambda: seq.trim("a", value),
+        "commit_offsets": lambda: seq.commit_offsets("g", {"a": value}),
+        "offset_for_time": lambda: seq.offset_for_time("a", value),
+        "offset_for_time-negative": lambda: seq.offset_for_time("a", -value - 1),
+        "find_batches-offset": lambda: seq.find_batches("a", value, BIG),
+        "find_batches-max_bytes": lambda: seq.find_batches("a", 0, value),
+        "commit-timestamp": lambda: seq.commit("o2", [batch("a", ts=value)]),
+        "commit-position": lambda: seq.commit("o2", [batch("a", position=value)]),
+        "commit-sequence": lambda: seq.commit("o2", [batch("a", producer=(0, 0), seq=value)]),
+        "transaction-size": lambda: seq.commit_transaction("t", [("o2", [batch("a", size=value)])]),
+        "replace_batches-size": lambda: seq.replace_batches(
+            "a", [old[0].batch_id], [BatchLocation(0, "n", 0, value, 0, 1, 0)]
+        ),
+        "replace_batches-id": lambda: seq.replace_batches("a", [value], []),
+    }
+
+
+@pytest.mark.parametrize("value", [1 << 63, 1 << 64], ids=["2**63", "2**64"])
+def test_numbers_beyond_64_bits_are_refused_before_anything_is_written(
+    sequencer: Sequencer, value: int
+) -> None:
+    """Offsets, timestamps, sizes and ids are at most 2**63-1 on every sequencer (the
+    SQL columns and msgpack integers they are stored as): a larger one is ConfigError
+    (a ValueError), as an argument or inside a batch description, raised the same way
+    by all of them before anything changes."""
+    make(sequencer, "a")
+    sequencer.commit("o1", [batch("a", 2)])
+    before = snapshot(sequencer)
+    for name, call in _beyond_64_bits(sequencer, value).items():
+        with pytest.raises(ConfigError):
+            call()
+        assert snapshot(sequencer) == before, name
+    assert snapshot(sequencer) == before
+    assert sequencer.committed_offsets("g") == {}
+
+
+def test_the_64_bit_limit_is_inclusive(sequencer: Sequencer) -> None:
+    top = (1 << 63) - 1
+    make(sequencer, "a")
+    sequencer.commit("o1", [batch("a", 2, ts=top)])
+    assert sequencer.offset_for_time("a", top) == 0
+    assert sequencer.offset_for_time("a", -(1 << 63)) == 0
+    sequencer.commit_offsets("g", {"a": top})
+    assert sequencer.committed_offsets("g") == {"a": top}
+    with pytest.raises(OffsetOutOfRange):
+        sequencer.trim("a", top)

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import fsspec
+import msgpack
 import pytest
 
 import disklesslog
@@ -25,9 +26,16 @@ from disklesslog.errors import (
     LogClosedError,
     ProducerFenced,
     SequencerConflict,
+    SequencerDamaged,
+    SequencerError,
     StreamNotFound,
 )
-from disklesslog.sequencers import BatchToCommit, open_sequencer
+from disklesslog.sequencers import (
+    BatchToCommit,
+    objectstore_format,
+    objectstore_storage,
+    open_sequencer,
+)
 from disklesslog.sequencers import objectstore as objectstore_module
 from disklesslog.sequencers.conditional import put_if_absent
 from disklesslog.sequencers.objectstore import ObjectStoreSequencer
@@ -268,17 +276,40 @@ def test_unknown_outcome_after_retries_raises_oserror(faulty: tuple[Any, str]) -
     assert seq.stream_info("s").end_offset == 0
 
 
-def test_an_entry_written_twice_is_applied_once(local_root: str) -> None:
-    seq = open_local(local_root)
-    seq.create_stream("s", {})
-    seq.commit("o1", [batch("s", 3)])
-    # A delayed retry of entry 2 lands again as entry 3 (same bytes, same entry id).
+def _v1_entry(ops: list[Any], entry_id: bytes | None = None) -> bytes:
+    """An entry as releases before format version 2 wrote it: magic, then msgpack."""
+    body = [entry_id or uuid.uuid4().bytes, 1_700_000_000.0, ops]
+    return objectstore_format.ENTRY_MAGIC_V1 + msgpack.packb(body, use_bin_type=True)
+
+
+def test_version_1_entries_are_read_and_a_repeated_one_applied_once(local_root: str) -> None:
+    """A log written by an earlier release opens; its repeated entry (a delayed retry
+    under another number, same entry id) is ignored by every replica alike."""
     log_dir = Path(local_root, "log")
-    (log_dir / f"{3:020d}").write_bytes((log_dir / f"{2:020d}").read_bytes())
+    log_dir.mkdir(parents=True)
+    commit = _v1_entry([["commit", "o1", [["s", 0, 10, 3, 3, 0, -1, -1, -1]]]])
+    (log_dir / f"{1:020d}").write_bytes(_v1_entry([["create_stream", "s", "{}"]]))
+    (log_dir / f"{2:020d}").write_bytes(commit)
+    (log_dir / f"{3:020d}").write_bytes(commit)
     fresh = open_local(local_root)
     assert fresh.tail == 3
     assert fresh.stream_info("s").end_offset == 3
-    assert seq.commit("o2", [batch("s")])[0].base_offset == 3
+    assert fresh.commit("o2", [batch("s")])[0].base_offset == 3  # a version 2 entry follows
+    assert (log_dir / f"{4:020d}").read_bytes().startswith(objectstore_format.ENTRY_MAGIC)
+    assert open_local(local_root).snapshot() == fresh.snapshot()
+
+
+def test_an_entry_copied_under_another_number_is_damage(local_root: str) -> None:
+    """Version 2 entries hold their own number: the same bytes under another name are
+    reported, not applied (nor skipped as a repeat)."""
+    seq = open_local(local_root)
+    seq.create_stream("s", {})
+    seq.commit("o1", [batch("s", 3)])
+    log_dir = Path(local_root, "log")
+    (log_dir / f"{3:020d}").write_bytes((log_dir / f"{2:020d}").read_bytes())
+    with pytest.raises(SequencerDamaged, match="holds entry 2, not 3") as caught:
+        open_local(local_root)
+    assert caught.value.source is not None and caught.value.source.endswith(f"{3:020d}")
 
 
 def test_conflict_after_max_attempts_applies_nothing(
@@ -286,7 +317,7 @@ def test_conflict_after_max_attempts_applies_nothing(
 ) -> None:
     seq = open_local(local_root, max_attempts=3)
     seq.create_stream("s", {})
-    monkeypatch.setattr(objectstore_module, "put_if_absent", lambda fs, path, data: False)
+    monkeypatch.setattr(objectstore_storage, "put_if_absent", lambda fs, path, data: False)
     with pytest.raises(SequencerConflict, match="3 times"):
         seq.commit("o1", [batch("s")])
     monkeypatch.undo()
@@ -453,19 +484,21 @@ def test_remote_log_defaults_to_objectstore(s3_server: str) -> None:
         log.close()
 
 
-def test_an_entry_from_a_newer_version_stops_replay(local_root: str) -> None:
-    import msgpack
-
-    from disklesslog.errors import SequencerError
-
+@pytest.mark.parametrize("version", [1, 2])
+def test_an_entry_from_a_newer_version_stops_replay(local_root: str, version: int) -> None:
     seq = open_local(local_root)
     seq.create_stream("s", {})
-    entry = objectstore_module.ENTRY_MAGIC + msgpack.packb(
-        [b"x" * 16, 0.0, [["rename_stream", "s", "t"]]], use_bin_type=True
-    )
+    ops = [["rename_stream", "s", "t"]]
+    if version == 1:
+        entry = _v1_entry(ops)
+    else:
+        body = objectstore_format.entry_body(b"x" * 16, 0.0, ops)
+        entry = objectstore_format.encode_entry(2, seq._replica.chain, body)
     Path(local_root, "log", f"{2:020d}").write_bytes(entry)
     with pytest.raises(SequencerError, match=r"rename_stream.*upgrade"):
         open_local(local_root)
+    with pytest.raises(SequencerError, match=r"rename_stream.*upgrade"):
+        seq.list_streams()
     assert seq.tail == 1  # not applied, not skipped
 
 

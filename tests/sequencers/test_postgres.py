@@ -27,6 +27,7 @@ from psycopg import sql
 
 from disklesslog.errors import (
     ConfigError,
+    CorruptDataError,
     InvalidURL,
     LogClosedError,
     ProducerFenced,
@@ -34,6 +35,7 @@ from disklesslog.errors import (
 )
 from disklesslog.sequencers import BatchToCommit, CommitResult, open_sequencer
 from disklesslog.sequencers import postgres as pg_module
+from disklesslog.sequencers import postgres_schema as pg_schema
 from disklesslog.sequencers.postgres import (
     SCHEMA_VERSION,
     PostgresSequencer,
@@ -254,11 +256,11 @@ def test_a_new_migration_step_is_applied_on_open(
         seq.create_stream("a", {})
     step = SCHEMA_VERSION + 1
     migrations = {
-        **pg_module._MIGRATIONS,
+        **pg_schema.MIGRATIONS,
         step: ("a test step", ("ALTER TABLE {s}.streams ADD COLUMN note text",)),
     }
-    monkeypatch.setattr(pg_module, "_MIGRATIONS", migrations)
-    monkeypatch.setattr(pg_module, "SCHEMA_VERSION", step)
+    monkeypatch.setattr(pg_schema, "MIGRATIONS", migrations)
+    monkeypatch.setattr(pg_schema, "SCHEMA_VERSION", step)
     with PostgresSequencer(schema_url) as seq:
         assert seq.list_streams() == ["a"]
     with PostgresSequencer(schema_url) as seq:  # applied once, not again
@@ -272,12 +274,138 @@ def test_a_new_migration_step_is_applied_on_open(
 def test_a_failed_migration_leaves_nothing(
     schema_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    broken = {1: ("broken", (*pg_module._MIGRATIONS[1][1], "THIS IS NOT SQL"))}
-    monkeypatch.setattr(pg_module, "_MIGRATIONS", broken)
+    broken = {1: ("broken", (*pg_schema.MIGRATIONS[1][1], "THIS IS NOT SQL"))}
+    monkeypatch.setattr(pg_schema, "MIGRATIONS", broken)
     with pytest.raises(SequencerError, match="could not prepare the sequencer schema"):
         PostgresSequencer(schema_url)
     schema = _schema_of(schema_url)
     assert _sql(schema_url, "SELECT 1 FROM pg_namespace WHERE nspname = %s", (schema,)) == []
+
+
+def _old_schema(url: str, version: int, config: str = '{"compression": "zstd"}') -> None:
+    """A schema as the release of ``version`` (1 or 2) left it: its migrations (history,
+    kept as they were) and rows as it wrote them. Stream ``a`` was trimmed to 3 and
+    compacted: batches 3..5 and 8..9, no batch for 6..7 nor for 10..11 before its end
+    offset 12."""
+    schema = _schema_of(url)
+    statements: list[tuple[str, tuple[Any, ...]]] = [
+        ("CREATE SCHEMA {s}", ()),
+        (pg_schema.CREATE_VERSION_TABLE, ()),
+    ]
+    for step in range(1, version + 1):
+        description, ddl = pg_schema.MIGRATIONS[step]
+        statements += [(statement, ()) for statement in ddl]
+        statements.append(
+            (
+                "INSERT INTO {s}.schema_version (version, description) VALUES (%s, %s)",
+                (step, description),
+            )
+        )
+    always = "OVERRIDING SYSTEM VALUE VALUES"
+    statements += [
+        (f"INSERT INTO {{s}}.streams {always} (1, 'a', %s, 3, 12, 40, 4)", (config,)),
+        (f"INSERT INTO {{s}}.streams {always} (2, 'b', %s, 0, 0, NULL, 0)", ("{}",)),
+        (f"INSERT INTO {{s}}.producers {always} (1, 'w', 0)", ()),
+        ("INSERT INTO {s}.producer_streams VALUES (1, 1, '[0, [[0, 2, 3]]]')", ()),
+        (f"INSERT INTO {{s}}.objects {always} (1, 'o1', 0, 1700000000.0)", ()),
+        (f"INSERT INTO {{s}}.objects {always} (2, 'o2', 2, NULL)", ()),
+        (f"INSERT INTO {{s}}.objects {always} (3, 'lost', 0, 1700000000.0)", ()),
+        (f"INSERT INTO {{s}}.batches {always} (2, 1, 2, 0, 10, 3, 5, 20)", ()),
+        (f"INSERT INTO {{s}}.batches {always} (3, 1, 2, 10, 10, 8, 9, 40)", ()),
+        ("INSERT INTO {s}.time_index VALUES (1, 20, 6)", ()),
+        ("INSERT INTO {s}.group_offsets VALUES ('g', 'a', 4)", ()),
+    ]
+    if version >= 2:
+        statements.append(
+            (
+                f"INSERT INTO {{s}}.transactions {always} (1, 't1', 1700000000.0, %s)",
+                ('{"a": [3, 6]}',),
+            )
+        )
+    for table in ("streams", "producers", "objects", "batches"):
+        statements.append(
+            (
+                "SELECT setval(pg_get_serial_sequence(%s, 'id'), 10)",
+                (f"{schema}.{table}",),
+            )
+        )
+    for statement, params in statements:
+        _sql(url, statement, params, schema=schema)
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_an_old_schema_is_migrated_with_checksums(schema_url: str, version: int) -> None:
+    """Schema version 3 adds the row checksums and the columns that prove a stream's
+    batches complete, filled in for every row already there; the old rows read as they
+    did, and every later write and read checks them."""
+    _old_schema(schema_url, version)
+    with PostgresSequencer(schema_url, clock=lambda: 1_700_000_100.0) as seq:
+        info = seq.stream_info("a")
+        assert (info.start_offset, info.end_offset, info.config) == (3, 12, {"compression": "zstd"})
+        page = seq.find_batches("a", 3, BIG)
+        assert [(b.batch_id, b.object_key, b.base_offset, b.last_offset) for b in page.batches] == [
+            (2, "o2", 3, 5),
+            (3, "o2", 8, 9),
+        ]
+        assert [b.base_offset for b in seq.find_batches("a", 6, BIG).batches] == [8]
+        assert seq.find_batches("a", 10, BIG).batches == []  # the gap at the end
+        assert seq.offset_for_time("a", 30) == 8
+        assert seq.committed_offsets("g") == {"a": 4}
+        assert seq.objects_to_delete(0) == ["lost", "o1"]
+        assert seq.list_objects() == ["lost", "o1", "o2"]
+        assert seq.commit("o3", [BatchToCommit("a", 0, 10, 2, 2, 50, 1, 0, 0)]) == [
+            CommitResult(3, duplicate=True)  # the producer state came through
+        ]
+        assert seq.commit("o3", [BatchToCommit("a", 0, 10, 2, 2, 50, 1, 0, 3)]) == [
+            CommitResult(12)
+        ]
+        assert [b.base_offset for b in seq.find_batches("a", 10, BIG).batches] == [12]
+        expected = {"a": (3, 6)} if version >= 2 else {}
+        assert seq.commit_transaction("t1", []).ranges == expected
+    assert [v for v, _ in _versions(schema_url)] == [1, 2, 3]
+    schema = _schema_of(schema_url)
+    for table in ("streams", "producers", "producer_streams", "objects", "batches", "groups"):
+        nulls = _sql(
+            schema_url, f"SELECT count(*) FROM {{s}}.{table} WHERE crc IS NULL", schema=schema
+        )
+        assert nulls == [(0,)], table
+    gaps = _sql(schema_url, "SELECT id, gap FROM {s}.batches ORDER BY id", schema=schema)
+    assert gaps == [(2, 0), (3, 2), (11, 2)]
+
+
+@pytest.mark.parametrize(
+    ("config", "edit"),
+    [
+        ("{broken", None),
+        ('["a list"]', None),
+        ('{"compression": "zstd"}', "UPDATE {s}.batches SET base_offset = 2 WHERE id = 3"),
+        ('{"compression": "zstd"}', "UPDATE {s}.batches SET stream_id = 7 WHERE id = 3"),
+        ('{"compression": "zstd"}', "UPDATE {s}.batches SET object_id = 9 WHERE id = 3"),
+        ('{"compression": "zstd"}', "UPDATE {s}.producer_streams SET state = '[0, '"),
+        ('{"compression": "zstd"}', "UPDATE {s}.transactions SET ranges = 'x'"),
+    ],
+)
+def test_an_old_schema_that_is_damaged_is_not_migrated(
+    schema_url: str, config: str, edit: str | None
+) -> None:
+    """A migration checksums rows as they are, so it first refuses what cannot be right
+    (JSON that does not parse, batches overlapping or without a stream or object):
+    CorruptDataError naming the schema, which stays at its version."""
+    _old_schema(schema_url, 2, config)
+    schema = _schema_of(schema_url)
+    if edit is not None:
+        _sql(schema_url, edit, schema=schema)
+    with pytest.raises(CorruptDataError) as caught:
+        PostgresSequencer(schema_url)
+    assert caught.value.source is not None and schema in caught.value.source
+    assert [v for v, _ in _versions(schema_url)] == [1, 2]
+    columns = _sql(
+        schema_url,
+        "SELECT column_name FROM information_schema.columns WHERE table_schema = %s"
+        " AND table_name = 'streams'",
+        (schema,),
+    )
+    assert ("crc",) not in columns
 
 
 def test_a_foreign_schema_is_refused(postgres_server: str, new_schema: Any) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from disklesslog.errors import OutOfOrderSequence, ProducerFenced
+from disklesslog.errors import OutOfOrderSequence, ProducerFenced, UnknownProducerState
 from disklesslog.sequencers import NO_PRODUCER, BatchToCommit
 from disklesslog.sequencers.producers import (
     TRACKED_RUNS,
@@ -52,6 +52,19 @@ def test_the_first_batch_starts_at_zero() -> None:
     assert decide(None, 0, b(0, 3)) is None
     with pytest.raises(OutOfOrderSequence, match="sequence 0"):
         decide(None, 0, b(1))
+
+
+def test_no_state_on_the_stream_is_told_apart_from_a_gap() -> None:
+    """Only a producer the stream knows nothing of (a stream created again) gets
+    UnknownProducerState, which lets a writer number the stream from 0 again; a gap
+    or a new epoch not starting at 0 stays a plain refusal."""
+    with pytest.raises(UnknownProducerState) as info:
+        decide(None, 0, b(5))
+    assert info.value.stream == "s"
+    for state, batch in [(history((0, 4, 0)), b(7)), (history((0, 4, 0)), b(5, epoch=1))]:
+        with pytest.raises(OutOfOrderSequence) as refused:
+            decide(state, 1 if batch.producer_epoch else 0, batch)
+        assert not isinstance(refused.value, UnknownProducerState)
 
 
 def test_a_new_epoch_starts_at_zero_whatever_came_before() -> None:

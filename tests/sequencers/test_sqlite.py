@@ -3,6 +3,7 @@ URL. (Everything every sequencer promises is in ``test_contract.py``.)"""
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import random
 import sqlite3
@@ -13,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from disklesslog.errors import InvalidURL, LogClosedError, SequencerError
-from disklesslog.sequencers import BatchToCommit, CommitResult, open_sequencer
+from disklesslog.errors import CorruptDataError, InvalidURL, LogClosedError, SequencerError
+from disklesslog.sequencers import BatchToCommit, CommitResult, open_sequencer, sqlite_schema
 from disklesslog.sequencers.memory import MemorySequencer, reset_memory_sequencers
 from disklesslog.sequencers.sqlite import (
     TIME_INDEX_INTERVAL,
@@ -142,21 +143,109 @@ def test_a_newer_schema_is_refused_untouched(tmp_path: Path) -> None:
     db.close()
 
 
-def test_a_version_1_database_is_migrated_for_transactions(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def _old_database(path: Path, version: int, config: str = '{"compression": "zstd"}') -> None:
+    """A database as the release of schema ``version`` (1 or 2) left it: its tables (the
+    migrations are history, kept as they were) and rows as it wrote them. Stream ``a``
+    was trimmed to 3 and compacted: batches 3..5 and 8..9, no batch for 6..7 nor for
+    10..11 before its end offset 12."""
+    with contextlib.closing(sqlite3.connect(path)) as db, db:
+        db.execute("CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL) WITHOUT ROWID")
+        for step in range(1, version + 1):
+            for statement in sqlite_schema.MIGRATIONS[step]:
+                db.execute(statement)
+        db.execute("INSERT INTO meta VALUES ('schema_version', ?)", (str(version),))
+        db.execute("INSERT INTO streams VALUES (1, 'a', ?, 3, 12, 40, 4)", (config,))
+        db.execute("INSERT INTO streams VALUES (2, 'b', '{}', 0, 0, NULL, 0)")
+        db.execute("INSERT INTO producers VALUES (1, 'w', 0)")
+        db.execute("INSERT INTO producer_streams VALUES (1, 1, '[0, [[0, 2, 3]]]')")
+        db.execute("INSERT INTO objects VALUES (1, 'o1', 0, 1700000000.0)")
+        db.execute("INSERT INTO objects VALUES (2, 'o2', 2, NULL)")
+        db.execute("INSERT INTO objects VALUES (3, 'lost', 0, 1700000000.0)")
+        db.execute("INSERT INTO batches VALUES (2, 1, 2, 0, 10, 3, 5, 20)")
+        db.execute("INSERT INTO batches VALUES (3, 1, 2, 10, 10, 8, 9, 40)")
+        db.execute("INSERT INTO time_index VALUES (1, 20, 6)")
+        db.execute("INSERT INTO group_offsets VALUES ('g', 'a', 4)")
+        if version >= 2:
+            db.execute("INSERT INTO transactions VALUES (1, 't1', 1700000000.0, '{\"a\": [3, 6]}')")
+
+
+def _columns(path: Path, table: str) -> list[str]:
+    with contextlib.closing(sqlite3.connect(path)) as db:
+        return [row[1] for row in db.execute(f"PRAGMA table_info({table})")]
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_an_old_database_is_migrated_with_checksums(tmp_path: Path, version: int) -> None:
+    """Schema version 3 adds the row checksums and the columns that prove a stream's
+    batches complete, filled in for every row already there; the old rows read as they
+    did, and every later write and read checks them."""
     path = tmp_path / "meta.db"
-    monkeypatch.setattr("disklesslog.sequencers.sqlite.SCHEMA_VERSION", 1)
-    with SqliteSequencer(path) as seq:  # as the release before transactions wrote it
-        seq.create_stream("a", {})
-        seq.commit("o1", [BatchToCommit("a", 0, 10, 2, 2, 0)])
-    monkeypatch.undo()
-    with SqliteSequencer(path) as seq:
-        result = seq.commit_transaction("t", [("o2", [BatchToCommit("a", 0, 10, 3, 3, 0)])])
-        assert result.ranges == {"a": (2, 5)}
-    with sqlite3.connect(path) as db:
+    _old_database(path, version)
+    with SqliteSequencer(path, clock=lambda: 1_700_000_100.0) as seq:
+        info = seq.stream_info("a")
+        assert (info.start_offset, info.end_offset, info.config) == (3, 12, {"compression": "zstd"})
+        page = seq.find_batches("a", 3, 1 << 40)
+        assert [(b.batch_id, b.object_key, b.base_offset, b.last_offset) for b in page.batches] == [
+            (2, "o2", 3, 5),
+            (3, "o2", 8, 9),
+        ]
+        assert [b.base_offset for b in seq.find_batches("a", 6, 1 << 40).batches] == [8]
+        assert seq.find_batches("a", 10, 1 << 40).batches == []  # the gap at the end
+        assert seq.offset_for_time("a", 30) == 8
+        assert seq.committed_offsets("g") == {"a": 4}
+        assert seq.objects_to_delete(0) == ["lost", "o1"]
+        assert seq.list_objects() == ["lost", "o1", "o2"]
+        assert seq.commit("o3", [BatchToCommit("a", 0, 10, 2, 2, 50, 1, 0, 0)]) == [
+            CommitResult(3, duplicate=True)  # the producer state came through
+        ]
+        assert seq.commit("o3", [BatchToCommit("a", 0, 10, 2, 2, 50, 1, 0, 3)]) == [
+            CommitResult(12)
+        ]
+        assert [b.base_offset for b in seq.find_batches("a", 10, 1 << 40).batches] == [12]
+        if version >= 2:
+            assert seq.commit_transaction("t1", []).ranges == {"a": (3, 6)}
+        else:
+            assert seq.commit_transaction("t1", []).ranges == {}
+    with contextlib.closing(sqlite3.connect(path)) as db:
+        assert db.execute("SELECT value FROM meta").fetchall() == [("3",)]
+        for table in ("streams", "producers", "producer_streams", "objects", "batches"):
+            assert db.execute(f"SELECT count(*) FROM {table} WHERE crc IS NULL").fetchone() == (0,)
+        assert db.execute("SELECT id, gap FROM batches ORDER BY id").fetchall() == [
+            (2, 0),
+            (3, 2),
+            (4, 2),
+        ]
+
+
+@pytest.mark.parametrize(
+    ("config", "edit"),
+    [
+        ("{broken", None),
+        ('["a list"]', None),
+        ('{"compression": "zstd"}', "UPDATE batches SET base_offset = 2 WHERE id = 3"),
+        ('{"compression": "zstd"}', "UPDATE batches SET stream_id = 7 WHERE id = 3"),
+        ('{"compression": "zstd"}', "UPDATE batches SET object_id = 9 WHERE id = 3"),
+        ('{"compression": "zstd"}', "UPDATE producer_streams SET state = '[0, '"),
+        ('{"compression": "zstd"}', "UPDATE transactions SET ranges = 'x'"),
+    ],
+)
+def test_an_old_database_that_is_damaged_is_not_migrated(
+    tmp_path: Path, config: str, edit: str | None
+) -> None:
+    """A migration checksums rows as they are, so it first refuses what cannot be right
+    (JSON that does not parse, batches overlapping or without a stream or object):
+    CorruptDataError naming the file, and the file stays at its version."""
+    path = tmp_path / "meta.db"
+    _old_database(path, 2, config)
+    if edit is not None:
+        with contextlib.closing(sqlite3.connect(path)) as db, db:
+            db.execute(edit)
+    with pytest.raises(CorruptDataError) as caught:
+        SqliteSequencer(path)
+    assert caught.value.source is not None and str(path) in caught.value.source
+    with contextlib.closing(sqlite3.connect(path)) as db:
         assert db.execute("SELECT value FROM meta").fetchall() == [("2",)]
-    db.close()
+    assert "crc" not in _columns(path, "streams")
 
 
 def test_a_foreign_database_is_refused(tmp_path: Path) -> None:

@@ -1,0 +1,91 @@
+"""Operating-system failures of local files, raised as :class:`~disklesslog.StorageError`.
+
+The local backend talks to its files through ``os`` calls spread over many modules
+(segments, indexes, state records, notes, manifests); any of them can fail with an
+``OSError``: a full disk, an I/O error, a permission or quota, too many open files. Each
+module undoes what a failed call half did (an append truncates back, a replacement by
+rename leaves the old file) and lets the error go on. The *public* calls are where it
+becomes part of the one error hierarchy: :func:`typed_os_errors` wraps the public
+methods of a backend class so that an ``OSError`` leaves them as a ``StorageError``
+(also an ``OSError``, with the same ``errno`` and ``filename``, chained to the original),
+and so that no public call lets anything but a :class:`~disklesslog.DisklessLogError`
+escape.
+
+Only ``OSError`` is translated. Any other exception escaping a public call is a bug in
+this library, and hiding it behind a friendly type would hide the bug.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, TypeVar
+
+from .errors import DisklessLogError, StorageError
+
+__all__ = ["as_storage_error", "typed_os_errors"]
+
+C = TypeVar("C", bound=type)
+T = TypeVar("T")
+
+
+def as_storage_error(exc: OSError, what: str) -> StorageError:
+    """``exc`` as a :class:`StorageError` saying what failed, keeping its ``errno`` and
+    ``filename`` (the caller chains it: ``raise as_storage_error(exc, ...) from exc``)."""
+    if exc.errno is None:  # raised by this library with a message only ("short write")
+        return StorageError(f"{what}: {exc or type(exc).__name__}")
+    return StorageError(exc.errno, f"{what}: {exc.strerror}", exc.filename)
+
+
+def typed_os_errors(*, iterators: Iterable[str] = (), also: Iterable[str] = ()) -> Callable[[C], C]:
+    """Class decorator: every public method and property defined in the class (and its
+    ``__init__``) raises an ``OSError`` that is not already a ``DisklessLogError`` as a
+    :class:`StorageError` naming the class and method. Private methods named in
+    ``also`` are translated too: hooks a base class's public methods call (a stager's
+    ``_store``), which this class's public methods therefore do not cover.
+
+    Methods named in ``iterators`` return iterators whose ``next()`` reads files; their
+    results are wrapped so that failures while iterating are translated too. The wrapper
+    costs one generator step per item, so it is for iterators of batches, never of
+    records (``Stream.read`` builds records from ``read_batches`` in C, below it).
+    """
+    lazy = frozenset(iterators)
+    hooks = frozenset(also) | {"__init__"}
+
+    def decorate(cls: C) -> C:
+        for name, member in list(vars(cls).items()):
+            if name.startswith("_") and name not in hooks:
+                continue
+            what = f"{cls.__name__}.{name}"
+            if isinstance(member, property) and member.fget is not None:
+                fget = _translated(member.fget, what, name in lazy)
+                setattr(cls, name, property(fget, member.fset, member.fdel, member.__doc__))
+            elif inspect.isfunction(member):
+                setattr(cls, name, _translated(member, what, name in lazy))
+        return cls
+
+    return decorate
+
+
+def _translated(func: Callable[..., Any], what: str, lazy: bool) -> Callable[..., Any]:
+    @functools.wraps(func)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        try:
+            result = func(*args, **kwargs)
+        except DisklessLogError:
+            raise
+        except OSError as exc:
+            raise as_storage_error(exc, f"{what} failed") from exc
+        return _translating(result, what) if lazy else result
+
+    return call
+
+
+def _translating(items: Iterator[T], what: str) -> Iterator[T]:
+    try:
+        yield from items
+    except DisklessLogError:
+        raise
+    except OSError as exc:
+        raise as_storage_error(exc, f"{what} failed while reading") from exc

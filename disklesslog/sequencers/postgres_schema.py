@@ -1,0 +1,256 @@
+"""The PostgreSQL sequencer's tables: their history as numbered migrations, and bringing
+a schema up to date (:func:`apply_migrations`) inside the caller's transaction.
+
+Each applied step is recorded in ``schema_version``, all in one transaction under an
+advisory lock keyed by the schema name, so processes opening together take turns and a
+failed migration leaves nothing. A schema written by a newer disklesslog is refused
+untouched, one holding tables that are not a sequencer's too. Step 3 adds the row
+checksums and the columns that prove a stream's batches complete
+(:mod:`~disklesslog.sequencers.rows`) and fills them for the rows already there.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+from ..errors import SequencerError
+from .common import ranges_from_json
+from .rows import StateCache, damaged_row, json_value, name_key, row_crc, tile_existing
+
+__all__ = ["CREATE_VERSION_TABLE", "MIGRATIONS", "SCHEMA_VERSION", "apply_migrations"]
+
+Connection = psycopg.Connection[Any]
+
+SCHEMA_VERSION = 3
+"""Version of the tables this code writes; a newer schema is refused, an older migrated."""
+
+
+MIGRATIONS: dict[int, tuple[str, tuple[str, ...]]] = {
+    1: (
+        "streams, producers, objects, batches, time index, consumer-group offsets",
+        (
+            # fillfactor: every commit rewrites its stream and producer-state rows; room
+            # on the page keeps those updates HOT (no index writes, pruned in place).
+            "CREATE TABLE {s}.streams ("
+            " id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,"  # never reused
+            ' name text COLLATE "C" NOT NULL UNIQUE,'  # C: sorts like Python, locks in order
+            " config text NOT NULL,"  # JSON text: jsonb would refuse \\u0000 in values
+            " start_offset bigint NOT NULL DEFAULT 0,"
+            " end_offset bigint NOT NULL DEFAULT 0,"
+            " max_timestamp bigint,"  # running max of committed batches (time index)
+            " unindexed bigint NOT NULL DEFAULT 0"  # batches since the last time-index entry
+            ") WITH (fillfactor = 50)",
+            "CREATE TABLE {s}.producers ("
+            " id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,"
+            ' name text COLLATE "C" UNIQUE,'  # NULL for anonymous producers
+            " epoch bigint NOT NULL)",
+            "CREATE TABLE {s}.producer_streams ("
+            " stream_id bigint NOT NULL,"
+            " producer_id bigint NOT NULL,"
+            " state text NOT NULL,"  # ProducerStreamState.to_json()
+            " PRIMARY KEY (stream_id, producer_id)"
+            ") WITH (fillfactor = 50)",
+            "CREATE TABLE {s}.objects ("
+            " id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,"
+            ' key text COLLATE "C" NOT NULL UNIQUE,'
+            " live_batches bigint NOT NULL,"
+            " dead_since double precision)",  # NULL while a live batch is in it
+            "CREATE INDEX objects_dead ON {s}.objects (dead_since) WHERE dead_since IS NOT NULL",
+            "CREATE TABLE {s}.batches ("
+            " id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,"  # stale ids stay stale
+            " stream_id bigint NOT NULL,"
+            " object_id bigint NOT NULL,"
+            " position bigint NOT NULL,"
+            " size bigint NOT NULL,"
+            " base_offset bigint NOT NULL,"
+            " last_offset bigint NOT NULL,"
+            " max_timestamp bigint NOT NULL)",
+            "CREATE UNIQUE INDEX batches_by_offset ON {s}.batches (stream_id, last_offset)",
+            "CREATE TABLE {s}.time_index ("
+            " stream_id bigint NOT NULL,"
+            " max_timestamp bigint NOT NULL,"
+            " next_offset bigint NOT NULL,"
+            " PRIMARY KEY (stream_id, max_timestamp))",
+            "CREATE TABLE {s}.group_offsets ("
+            ' group_name text COLLATE "C" NOT NULL,'
+            ' stream text COLLATE "C" NOT NULL,'
+            " next_offset bigint NOT NULL,"
+            " PRIMARY KEY (group_name, stream))",
+        ),
+    ),
+    2: (
+        "committed transaction ids (commit_transaction)",
+        (
+            "CREATE TABLE {s}.transactions ("
+            " seq bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,"  # commit order
+            ' id text COLLATE "C" NOT NULL UNIQUE,'
+            " committed_at double precision NOT NULL,"
+            " ranges text NOT NULL)",  # JSON {"stream": [first, end]}
+            "CREATE INDEX transactions_by_time ON {s}.transactions (committed_at)",
+        ),
+    ),
+    3: (
+        "row checksums; batch gaps and stream tail gaps; consumer-group row counts",
+        (
+            # rows.LAYOUTS says what each crc covers; _checksum_existing_rows fills them.
+            "ALTER TABLE {s}.streams ADD COLUMN tail_gap bigint NOT NULL DEFAULT 0,"
+            " ADD COLUMN crc bigint, ADD COLUMN name_key bigint",  # rows.name_key(name)
+            "CREATE INDEX streams_by_name_key ON {s}.streams (name_key)",
+            "ALTER TABLE {s}.producers ADD COLUMN crc bigint",
+            "ALTER TABLE {s}.producer_streams ADD COLUMN crc bigint",
+            "ALTER TABLE {s}.objects ADD COLUMN crc bigint",
+            "ALTER TABLE {s}.batches ADD COLUMN gap bigint NOT NULL DEFAULT 0,"
+            " ADD COLUMN crc bigint",
+            "ALTER TABLE {s}.time_index ADD COLUMN crc bigint",
+            "ALTER TABLE {s}.group_offsets ADD COLUMN crc bigint",
+            "ALTER TABLE {s}.transactions ADD COLUMN crc bigint",
+            "CREATE TABLE {s}.groups ("
+            ' group_name text COLLATE "C" PRIMARY KEY,'
+            " streams bigint NOT NULL,"  # how many group_offsets rows the group has
+            " crc bigint)",
+        ),
+    ),
+}
+
+CREATE_VERSION_TABLE = (
+    "CREATE TABLE {s}.schema_version ("
+    " version integer PRIMARY KEY,"
+    " description text NOT NULL,"
+    " applied_at timestamptz NOT NULL DEFAULT now())"
+)
+_ADVISORY_LOCK_PREFIX = "disklesslog.sequencer.schema:"
+
+
+def apply_migrations(conn: Connection, schema: str, database: str) -> None:
+    """Bring ``schema`` to :data:`SCHEMA_VERSION` inside the caller's transaction.
+
+    The advisory lock (released by the transaction's end) makes concurrent openers of
+    one schema take turns: the first creates, the others find it done. Checks use the
+    catalogs with parameters; only the quoted identifier is formatted into SQL."""
+    name = sql.Identifier(schema)
+
+    def run(template: str, params: Sequence[Any] = ()) -> Any:
+        return conn.execute(sql.SQL(template).format(s=name), params)
+
+    conn.execute(
+        "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", (_ADVISORY_LOCK_PREFIX + schema,)
+    )
+    if conn.execute("SELECT 1 FROM pg_namespace WHERE nspname = %s", (schema,)).fetchone() is None:
+        run("CREATE SCHEMA {s}")
+    tables = {
+        row[0]
+        for row in conn.execute(
+            "SELECT c.relname FROM pg_class AS c JOIN pg_namespace AS n ON n.oid = c.relnamespace"
+            " WHERE n.nspname = %s AND c.relkind IN ('r', 'p', 'v', 'm', 'f')",
+            (schema,),
+        )
+    }
+    if "schema_version" not in tables:
+        if tables:
+            raise SequencerError(
+                f"schema {schema!r} already holds tables that are not a disklesslog "
+                f"sequencer's ({', '.join(sorted(tables)[:5])}); choose another ?schema="
+            )
+        run(CREATE_VERSION_TABLE)
+    row = run("SELECT coalesce(max(version), 0) FROM {s}.schema_version").fetchone()
+    version = int(row[0])
+    if version > SCHEMA_VERSION:
+        raise SequencerError(
+            f"schema {schema!r} has sequencer schema version {version}, written by a newer "
+            f"disklesslog; this version reads up to {SCHEMA_VERSION}. Upgrade disklesslog "
+            "(the schema was not changed)"
+        )
+    for target in range(version + 1, SCHEMA_VERSION + 1):
+        description, statements = MIGRATIONS[target]
+        for statement in statements:
+            run(statement)
+        if target == 3 and version:
+            _checksum_existing_rows(conn, schema, database)
+        run(
+            "INSERT INTO {s}.schema_version (version, description) VALUES (%s, %s)",
+            (target, description),
+        )
+
+
+def _checksum_existing_rows(conn: Connection, schema: str, database: str) -> None:
+    """Schema version 3 on a schema written before it: the checksum of every row, each
+    batch's ``gap``, each stream's ``tail_gap`` and each consumer group's row count,
+    from the rows as they are. Values that cannot be right (JSON that does not parse,
+    overlapping batches) refuse the migration, which then changes nothing."""
+    name = sql.Identifier(schema)
+
+    def run(template: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        cursor = conn.execute(sql.SQL(template).format(s=name), params)
+        return cursor.fetchall() if cursor.description else []
+
+    def update(template: str, rows: Sequence[Sequence[Any]]) -> None:
+        with conn.cursor() as cursor:
+            cursor.executemany(sql.SQL(template).format(s=name), rows)
+
+    streams = run(
+        "SELECT id, name, config, start_offset, end_offset, max_timestamp, unindexed"
+        " FROM {s}.streams"
+    )
+    for row in streams:
+        json_value(row[2], dict, database, "streams", f"{row[1]!r}")
+    batches = run(
+        "SELECT b.id, b.stream_id, b.base_offset, b.last_offset, o.key, b.position, b.size,"
+        " b.max_timestamp FROM {s}.batches AS b LEFT JOIN {s}.objects AS o"
+        " ON o.id = b.object_id ORDER BY b.stream_id, b.last_offset"
+    )
+    extents = {row[0]: (row[1], row[3], row[4]) for row in streams}
+    gaps, tails = tile_existing(database, extents, [b[:4] for b in batches])
+    updates = []
+    for (gap, batch_id), (_, stream_id, base, last, key, position, size, ts) in zip(gaps, batches):
+        if key is None:
+            raise damaged_row(database, "batches", f"id {batch_id}", "its object is missing")
+        values = (stream_id, key, position, size, base, last, ts, gap)
+        updates.append((gap, row_crc(values), batch_id))
+    update("UPDATE {s}.batches SET gap = %s, crc = %s WHERE id = %s", updates)
+    update(
+        "UPDATE {s}.streams SET tail_gap = %s, crc = %s, name_key = %s WHERE id = %s",
+        [
+            (tails[row[0]], row_crc((*row, tails[row[0]])), name_key(row[1]), row[0])
+            for row in streams
+        ],
+    )
+    states = StateCache(database)
+    for stream_id, producer_id, text in run(
+        "SELECT stream_id, producer_id, state FROM {s}.producer_streams"
+    ):
+        states.load(stream_id, producer_id, text, row_crc((stream_id, producer_id, text)))
+    for txn, _, ranges in run("SELECT id, committed_at, ranges FROM {s}.transactions"):
+        try:
+            ranges_from_json(ranges)
+        except (ValueError, TypeError, AttributeError):
+            raise damaged_row(
+                database, "transactions", f"{txn!r}", "its ranges do not parse"
+            ) from None
+    for table, keys, columns in (  # names are this module's, never input
+        ("producers", ("id",), ("id", "name", "epoch")),
+        ("producer_streams", ("stream_id", "producer_id"), ("stream_id", "producer_id", "state")),
+        ("objects", ("id",), ("key", "live_batches", "dead_since")),
+        (
+            "time_index",
+            ("stream_id", "max_timestamp"),
+            ("stream_id", "max_timestamp", "next_offset"),
+        ),
+        ("group_offsets", ("group_name", "stream"), ("group_name", "stream", "next_offset")),
+        ("transactions", ("seq",), ("id", "committed_at", "ranges")),
+    ):
+        n = len(keys)
+        rows = run(f"SELECT {', '.join(keys)}, {', '.join(columns)} FROM {{s}}.{table}")
+        where = " AND ".join(f"{key} = %s" for key in keys)
+        update(
+            f"UPDATE {{s}}.{table} SET crc = %s WHERE {where}",
+            [(row_crc(row[n:]), *row[:n]) for row in rows],
+        )
+    counts = run("SELECT group_name, count(*) FROM {s}.group_offsets GROUP BY group_name")
+    update(
+        "INSERT INTO {s}.groups (group_name, streams, crc) VALUES (%s, %s, %s)",
+        [(group, count, row_crc((group, count))) for group, count in counts],
+    )
