@@ -66,6 +66,7 @@ from ..errors import (
     SequencerConflict,
     SequencerDamaged,
     SequencerError,
+    StorageError,
 )
 from .base import (
     BatchLocation,
@@ -591,7 +592,7 @@ class ObjectStoreSequencer(Sequencer):
         checkpoint, after a lost response and a long stall): the effect stands, the
         result is unknown, as after any lost response."""
         for slot in slots:
-            slot.error = OSError(
+            slot.error = StorageError(
                 f"{self.url}: the operation was applied but its result was lost (a "
                 "checkpoint superseded it while this process waited); read the state back"
             )

@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from ..errors import DisklessLogError
+from ..errors import DisklessLogError, StorageError
 from .conditional import is_local, put_if_absent
 
 __all__ = ["ATTEMPTS", "RETRY_DELAY", "CheckpointName", "SequencerStorage"]
@@ -33,7 +33,7 @@ __all__ = ["ATTEMPTS", "RETRY_DELAY", "CheckpointName", "SequencerStorage"]
 log = logging.getLogger(__name__)
 
 ATTEMPTS = 5
-"""Attempts of every storage call before its failure is raised (as ``OSError``)."""
+"""Attempts of every storage call before its failure is raised (as ``StorageError``)."""
 RETRY_DELAY = 0.05
 """Seconds before the second attempt; doubled for each further one, times 0.5-1.5."""
 
@@ -134,7 +134,7 @@ class SequencerStorage:
         """Put-if-absent (:func:`put_if_absent`), retried. A retry that finds the object
         present reports False, as a lost race does: the caller reads it back to learn
         whether an earlier attempt had created it. When every attempt failed, the
-        ``OSError`` says the object may or may not exist now."""
+        ``StorageError`` says the object may or may not exist now."""
         return self._retried(
             f"create {path} (it may or may not exist now)",
             lambda: put_if_absent(self.fs, path, data),
@@ -166,7 +166,8 @@ class SequencerStorage:
         """``call()``, retried on failure; ``FileNotFoundError`` and our own errors are
         answers and pass at once. Clients raise their own transient errors (gcsfs's
         HttpError, Azure's ServiceRequestError are not OSErrors), so any other failure
-        is retried, and the last one is raised as ``OSError`` chained to it."""
+        is retried, and the last one is raised as :class:`StorageError` (also an
+        ``OSError``) chained to it."""
         for attempt in range(1, ATTEMPTS + 1):
             try:
                 return call()
@@ -174,7 +175,7 @@ class SequencerStorage:
                 raise
             except Exception as exc:
                 if attempt == ATTEMPTS:
-                    raise OSError(
+                    raise StorageError(
                         f"{self.url}: could not {what} after {attempt} attempts: {exc}"
                     ) from exc
                 log.debug("%s: could not %s (attempt %d): %s", self.url, what, attempt, exc)

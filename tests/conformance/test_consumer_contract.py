@@ -7,6 +7,7 @@ names a backend.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import threading
 import time
@@ -333,6 +334,151 @@ def test_a_stream_created_later_is_picked_up(log: disklesslog.Log) -> None:
     assert consumer.commit() == {"a": 5, "later": 4}
     assert log.committed_offsets("g") == {"a": 5, "later": 4}
     consumer.close()
+
+
+# ------------------------------------------------------ consumers of compacted streams
+
+NOW = 50_000_000  # ms: the clock compaction runs with
+COMPACTED = {
+    "cleanup_policy": "compact",
+    "segment_bytes": 1024,
+    "max_batch_bytes": 1024,  # rewritten batches of about ten records
+    "max_record_bytes": 512,
+    "delete_retention_ms": 10_000,
+}
+OLD, YOUNG = NOW - 20_000, NOW - 1_000  # tombstones: dropped / kept
+SUPERSEDED = [b"a0", b"a1", b"b4", b"b5", b"c8", b"c9", *(b"d%d" % i for i in range(10))]
+# What survives of offsets 0..69 (see _compacted): gaps at the start of batch a, in the
+# middle of b (with b0 and b1: a tombstone's key), at the end of c, all of batch d, and
+# offset 45 (an expired tombstone); 46 is a tombstone still kept.
+SURVIVORS = [
+    *range(2, 10),
+    *(12, 13, 16, 17, 18, 19),
+    *range(20, 28),
+    *range(40, 45),
+    *range(46, 70),
+]
+FILLER = 20  # records of unique keys after offset 70: the active tail compaction keeps
+
+
+def _compacted(log: disklesslog.Log) -> list[tuple[int, bytes, bytes | None]]:
+    """Stream "c", key-compacted, with offset gaps of every shape; its ``(offset, key,
+    value)`` after compaction, which every read must show."""
+    stream = log.create_stream("c", **COMPACTED)
+    batches = [[(b"%s%d" % (name, i), OLD) for i in range(10)] for name in (b"a", b"b", b"c", b"d")]
+    batches.append(
+        [(b"e%d" % i, OLD) for i in range(5)]
+        + [(b"b0", OLD), (b"b1", YOUNG)]  # tombstones, below
+        + [(b"e%d" % i, OLD) for i in range(7, 10)]
+    )
+    batches.append([(key, OLD) for key in SUPERSEDED[:10]])
+    batches.append([(key, OLD) for key in SUPERSEDED[10:]] + [(b"g%d" % i, OLD) for i in range(4)])
+    batches += [[(b"f%d" % (i + j), OLD) for i in range(10)] for j in range(0, FILLER, 10)]
+    written = []
+    for batch in batches:
+        offset = stream.end_offset
+        values = [
+            None if offset + i in (45, 46) else key + b"=" + b"x" * 60
+            for i, (key, _) in enumerate(batch)
+        ]
+        keys = [key for key, _ in batch]
+        stream.append_batch(values, keys=keys, timestamps=[ts for _, ts in batch])
+        written += zip(range(offset, offset + len(batch)), keys, values)
+    log.compact("c", now_ms=NOW, force=True)
+    kept = [(r.offset, r.key, r.value) for r in stream.read()]
+    assert [offset for offset, _, _ in kept] == [*SURVIVORS, *range(70, 70 + FILLER)]
+    assert kept == [row for row in written if row[0] in set(SURVIVORS) or row[0] >= 70]
+    assert kept[SURVIVORS.index(46)][2] is None  # a tombstone is a record like any other
+    # The gaps fall inside rewritten batches and between them, whatever their layout.
+    batches_read = [list(batch.offsets) for batch in stream.read_batches()]
+    assert any(b[-1] - b[0] + 1 > len(b) for b in batches_read), batches_read
+    assert any(n[0] > p[-1] + 1 for p, n in itertools.pairwise(batches_read)), batches_read
+    return kept
+
+
+def _offsets_of(records: list[tuple[str, Record]]) -> list[int]:
+    return [record.offset for _, record in records]
+
+
+def test_a_compacted_stream_is_consumed_exactly_once(log: disklesslog.Log) -> None:
+    """Polls of any size hand out each surviving record once, in order, and a
+    consumer's position is the offset after the last record handed out, never a count
+    of records: after a record followed by a gap it points into the gap."""
+    kept = _compacted(log)
+    for max_records in (1, 2, 3, 7, 1000):
+        group = f"g{max_records}"
+        with log.consumer(group, ["c"], auto_commit_interval_ms=None) as consumer:
+            records: list[tuple[str, Record]] = []
+            while polled := consumer.poll(max_records):
+                assert len(polled) <= max_records
+                records += polled
+                assert consumer.positions() == {"c": polled[-1][1].offset + 1}
+            assert consumer.commit() == {"c": kept[-1][0] + 1}
+        assert [(r.offset, r.key, r.value) for _, r in records] == kept, max_records
+
+
+@pytest.mark.parametrize("max_records", [1, 4])
+def test_commits_and_resumes_on_a_compacted_stream(log_factory, max_records: int) -> None:
+    """A consumer commits after each poll and is replaced by a new one (now and then
+    on a reopened log): together they hand out each record once, and each resumes at
+    the offset after the last record handed out, also inside a gap."""
+    log = log_factory()
+    kept = _compacted(log)
+    seen: list[int] = []
+    for turn in range(len(kept)):
+        with log.consumer("g", ["c"], auto_commit_interval_ms=None) as consumer:
+            # Past the gaps, the filler goes in one poll.
+            polled = consumer.poll(max_records if not seen or seen[-1] < 70 else 1000)
+            if not polled:
+                break
+            committed = consumer.commit()
+        seen += _offsets_of(polled)
+        assert committed == {"c": seen[-1] + 1} == log.committed_offsets("g")
+        if turn % 8 == 3:
+            log.close()
+            log = log_factory()
+    assert seen == [offset for offset, _, _ in kept]
+
+
+def test_iterating_a_compacted_stream_auto_commits_what_was_handed_out(
+    log: disklesslog.Log,
+) -> None:
+    """Auto-commits while iterating cover every record handed out before the current
+    one, and not the current one, across gaps; the next consumer goes on from there."""
+    kept = _compacted(log)
+    handed_out: list[int] = []
+    consumer = log.consumer("g", ["c"], auto_commit_interval_ms=1, idle_timeout=0)
+    for _, record in consumer:
+        if handed_out:
+            committed = log.committed_offsets("g")["c"]
+            assert handed_out[-1] < committed <= record.offset, (handed_out[-1], record)
+        handed_out.append(record.offset)
+        if record.offset == 27:  # the last record before the gap 28..39
+            break
+        time.sleep(0.002)  # processing outlasts the auto-commit interval
+    consumer.close(commit=True)
+    assert log.committed_offsets("g")["c"] in range(28, 41)
+    with log.consumer("g", ["c"]) as again:
+        rest = _offsets_of(_drain(again, max_records=5))
+    assert handed_out + rest == [offset for offset, _, _ in kept]
+
+
+def test_a_position_inside_a_gap_resumes_at_the_next_record(log: disklesslog.Log) -> None:
+    """A committed offset or a seek that lands in a gap starts at the next surviving
+    record, and commits nothing new until a record is handed out."""
+    kept = [offset for offset, _, _ in _compacted(log)]
+    for position in (0, 1, 10, 11, 14, 28, 30, 39, 45):
+        expected = [offset for offset in kept if offset >= position]
+        group = f"committed-{position}"
+        log.commit_offsets(group, {"c": position})
+        with log.consumer(group, ["c"], auto_commit_interval_ms=None) as consumer:
+            assert consumer.positions() == {"c": position}
+            assert _offsets_of(_drain(consumer, max_records=4)) == expected, position
+        with log.consumer(f"seek-{position}", ["c"], auto_commit_interval_ms=None) as consumer:
+            assert [r.offset for _, r in consumer.poll(3)] == kept[:3]
+            consumer.seek("c", position)
+            assert consumer.commit() == {"c": position}
+            assert _offsets_of(_drain(consumer, max_records=1000)) == expected, position
 
 
 def test_a_busy_stream_does_not_starve_a_quiet_one(log: disklesslog.Log) -> None:

@@ -451,6 +451,96 @@ def test_trim_persists(log_factory) -> None:
     assert _offsets(again.stream("s").read()) == list(range(7, 20))
 
 
+# Trims at the edges of storage units (local segments, object batches): one batch of
+# BATCH records per unit, so every batch boundary is also a segment boundary.
+BATCH, UNITS = 5, 8
+UNIT_CONFIG = {"segment_bytes": 1024}  # the smallest allowed: a second batch would not fit
+END = BATCH * UNITS
+BOUNDARIES = {
+    "first-offset-of-a-unit": BATCH,
+    "last-offset-of-the-first-unit": BATCH - 1,
+    "last-offset-of-a-unit": 2 * BATCH - 1,
+    "last-offset-of-the-last-closed-unit": END - BATCH - 1,
+    "first-offset-of-the-active-unit": END - BATCH,
+    "last-offset-of-the-active-unit": END - 1,
+}
+
+
+def _units(log: disklesslog.Log) -> disklesslog.Stream:
+    """Stream "u": UNITS batches of BATCH records, one per storage unit; record ``i`` has
+    value ``v<i>`` and timestamp ``1000 * (i // BATCH) + i % BATCH``."""
+    stream = log.create_stream("u", **UNIT_CONFIG)
+    for unit in range(UNITS):
+        first = unit * BATCH
+        stream.append_batch(
+            [b"v%d-" % i + b"." * 120 for i in range(first, first + BATCH)],
+            timestamps=[1000 * unit + i for i in range(BATCH)],
+        )
+    segments = stream.info().details.get("segments")
+    if segments is not None:  # a backend of segment files: check the premise
+        assert [s["base_offset"] for s in segments] == list(range(0, END, BATCH)), segments
+    return stream
+
+
+def _assert_starts_at(stream: disklesslog.Stream, start: int, end: int) -> None:
+    """Every way of reading ``stream`` agrees that it holds exactly ``[start, end)``."""
+    assert (stream.start_offset, stream.end_offset) == (start, end)
+    expected = list(range(start, end))
+    records = list(stream.read())
+    assert _offsets(records) == expected
+    assert [r.value[: r.value.index(b"-")] for r in records] == [b"v%d" % i for i in expected]
+    assert [o for part in stream.read_offsets() for o in part] == expected
+    assert [o for batch in stream.read_batches() for o in batch.offsets] == expected
+    assert _offsets(stream.read(start, start + 1)) == expected[:1]
+    assert stream.info().start_offset == start
+    if start:
+        with pytest.raises(OffsetOutOfRange) as info:
+            stream.read(start - 1)
+        assert (info.value.start_offset, info.value.end_offset) == (start, end)
+    if start < END:  # time lookups over the records _units wrote
+        assert stream.offset_for_time(0) == start
+        unit = start // BATCH  # the first record of the unit after the start's, by time
+        assert stream.offset_for_time(1000 * (unit + 1)) == (
+            (unit + 1) * BATCH if unit + 1 < UNITS else None if end == END else END
+        )
+
+
+@pytest.mark.parametrize("at", list(BOUNDARIES))
+def test_trim_at_the_edges_of_storage_units(log_factory, at: str) -> None:
+    """A trim to the first or the last offset of a segment (or batch) keeps the unit
+    that holds the new start, and only units wholly below it go: after the trim, after
+    reopening, and after appending more."""
+    before = BOUNDARIES[at]
+    log = log_factory()
+    stream = _units(log)
+    stream.trim(before)
+    _assert_starts_at(stream, before, END)
+    log.close()
+    again = log_factory()
+    stream = again.stream("u")
+    _assert_starts_at(stream, before, END)
+    assert stream.append_batch([b"v%d-" % END, b"v%d-" % (END + 1)]) == [END, END + 1]
+    _assert_starts_at(stream, before, END + 2)
+
+
+def test_successive_trims_across_unit_edges(log_factory) -> None:
+    """Trims that walk over units edge by edge (last offset of one, first of the next),
+    then to the last offset and the end, each checked at once, and after reopening at
+    the last offset of a unit and at the end."""
+    log = log_factory()
+    _units(log)
+    edges = [o for unit in range(1, 4) for o in (unit * BATCH - 1, unit * BATCH)]
+    for before in [0, 1, *edges, END - 1, END]:
+        log.stream("u").trim(before)
+        _assert_starts_at(log.stream("u"), before, END)
+        if before in (3 * BATCH - 1, END):
+            log.close()
+            log = log_factory()
+            _assert_starts_at(log.stream("u"), before, END)
+    assert log.stream("u").append(b"v%d-" % END) == END
+    _assert_starts_at(log.stream("u"), END, END + 1)
+
+
 # ------------------------------------------------------------------- durability
 
 

@@ -1,6 +1,5 @@
 """Child-process code of the multi-process maintenance tests (spawn-imported): writers,
-readers and maintainers working on one object log at once, and a maintainer that runs
-until it is killed."""
+readers and maintainers working on one object log at once."""
 
 from __future__ import annotations
 
@@ -13,7 +12,6 @@ from typing import Any
 
 import disklesslog
 from disklesslog import OffsetOutOfRange, SequencerConflict
-from disklesslog.objects.storage import ObjectStorage
 
 KEYED = "keyed"  # compacted
 EVENTS = "events"  # retention by size
@@ -164,29 +162,3 @@ def maintain_for(
                 problems.append(traceback.format_exc())
                 break
     return counts, problems
-
-
-def maintain_until_killed(url: str, sequencer: str, ready: Any, seed: int) -> None:
-    """Maintain with no grace at all, forever: the test kills this process (SIGKILL).
-
-    Each PUT and DELETE of data objects is followed by a short random pause, which
-    widens the windows a crash can hit (an object uploaded but not yet swapped in, an
-    object deleted but not yet forgotten), so random kills land in them often."""
-    rng = random.Random(seed)
-    put, delete = ObjectStorage.put, ObjectStorage.delete
-
-    def slow_put(self: ObjectStorage, key: str, data: bytes) -> None:
-        put(self, key, data)
-        time.sleep(rng.uniform(0.005, 0.04))
-
-    def slow_delete(self: ObjectStorage, keys: list[str]) -> None:
-        for key in keys:
-            delete(self, [key])
-            time.sleep(rng.uniform(0, 0.005))
-
-    ObjectStorage.put = slow_put  # type: ignore[method-assign]
-    ObjectStorage.delete = slow_delete  # type: ignore[method-assign]
-    with disklesslog.open(url, backend="objects", sequencer=sequencer) as log:
-        ready.set()
-        while True:
-            maintain(log, 0, target_bytes=2048)

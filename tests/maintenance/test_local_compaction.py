@@ -14,6 +14,7 @@ import itertools
 import multiprocessing
 import os
 import random
+import shutil
 import signal
 import time
 import zlib
@@ -21,7 +22,9 @@ from collections.abc import Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
+import kill_points
 import pytest
+from kill_points import Forked
 from local_compaction_workers import (
     CONFIG,
     DELETE_RETENTION_MS,
@@ -612,47 +615,87 @@ def test_a_lost_staged_index_is_rebuilt(tmp_path: Path) -> None:
     _assert_tidy(tmp_path)
 
 
+def _compact_armed(path: Path, fsync: str, report: Path, stop_at: int | None) -> Forked:
+    """Compact the log at ``path`` in a forked child that counts its file calls and
+    stops at call ``stop_at`` (``kill_points``), marking where it starts writing the
+    intent and each step of the swap."""
+    report.unlink(missing_ok=True)
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        code = 0
+        try:
+            kill_points.arm(report, stop_at)
+            kill_points.marking(swap, "write_intent")
+            crash_point = swap.crash_point
+
+            def marked(step: str) -> None:
+                kill_points.mark(step)
+                crash_point(step)
+
+            swap.crash_point = marked
+            with _open(path, fsync=fsync) as log:
+                log.compact(now_ms=NOW, force=True)
+            kill_points.finish()
+        except BaseException as exc:
+            kill_points.finish(exc)
+            code = 1
+        os._exit(code)
+    return Forked(pid)
+
+
+KILL_WINDOWS = ["before the intent", "in the swap", "anywhere", "in the swap"]
+"""Where the rounds of :func:`_kill_rounds` kill, in turn (half of them in the swap,
+which is a few file calls of a pass)."""
+
+
 def _kill_rounds(path: Path, rounds: int, seed: int) -> Iterator[str]:
-    """Compact in a forked child and SIGKILL it, ``rounds`` times, appending more
-    between rounds; after each kill, reopening (recovery) and compacting again must
-    give exactly the model, with nothing left behind. Every other round kills at a
-    random moment of the pass, the others at a random moment after the intent
-    appeared (the swap itself takes milliseconds, so random moments rarely hit it).
-    Yields how each round ended: "finished", "killed" or "killed in the swap"."""
+    """Compact in a forked child and SIGKILL it inside the pass, ``rounds`` times,
+    appending more between rounds. The kill lands at a file call drawn at random from
+    a window of the pass (``KILL_WINDOWS``), by construction (tests/kill_points.py):
+    a calibration run of the same pass on a copy of the log counts its calls, marks
+    where the swap begins and ends, and shows the records the whole pass leaves.
+
+    After each kill, reopening (recovery) shows the records from before the pass if
+    the kill came before the intent existed, else those after it (never a mix); then
+    compacting again gives exactly the model, and nothing is left behind. Yields what
+    recovery did: "rolled back" or "completed"."""
     rng = random.Random(seed)
     written: list[Row] = []
     intent = _stream_dir(path) / INTENT
+    copy, report = path.parent / f"{path.name}.copy", path.parent / f"{path.name}.kill-points"
     for round_no in range(rounds):
         with _open(path) as log:
             _write(log, _random_rows(seed * 1000 + round_no, 600, 50), per=rng.choice([5, 20]))
-            written = _with_offsets(written, _rows(log))
+            before = _rows(log)
+            written = _with_offsets(written, before)
         fsync = rng.choice(["always", "never"])
-        pid = os.fork()
-        if pid == 0:  # pragma: no cover - the child
-            try:
-                with _open(path, fsync=fsync) as log:
-                    log.compact(now_ms=NOW, force=True)
-            finally:
-                os._exit(0)
-        in_swap = round_no % 2 == 1
-        ended = 0, 0  # (pid, status) once the child is reaped
-        if in_swap:
-            deadline = time.monotonic() + 10
-            while not intent.exists() and not (ended := os.waitpid(pid, os.WNOHANG))[0]:
-                assert time.monotonic() < deadline, "the pass never reached its swap"
-            time.sleep(rng.uniform(0, 0.01 if fsync == "always" else 0.001))
-        else:
-            time.sleep(rng.uniform(0, 0.08))
-        if not ended[0]:  # never signal a pid already reaped: it may belong to another
-            os.kill(pid, signal.SIGKILL)
-            ended = os.waitpid(pid, 0)
-        killed = os.WIFSIGNALED(ended[1])
-        yield ("killed in the swap" if in_swap else "killed") if killed else "finished"
+        shutil.rmtree(copy, ignore_errors=True)
+        shutil.copytree(path, copy)
+        child = _compact_armed(copy, fsync, report, None)
+        calibration = kill_points.wait(report, child)
+        assert child.join() == 0 and calibration.finished, calibration
+        with _open(copy) as log:
+            after = _rows(log)
+        assert after != before, "the pass changed nothing"
+        begins, ends = calibration.mark("write_intent"), calibration.mark("intent-removed")
+        window = KILL_WINDOWS[round_no % len(KILL_WINDOWS)]
+        first, last = {
+            "before the intent": (1, begins),  # its first call is never made
+            "in the swap": (calibration.mark("intent") + 1, ends),  # once it is durable
+            "anywhere": (1, calibration.calls),
+        }[window]
+        stop_at = rng.randint(first, last)
+        child = _compact_armed(path, fsync, report, stop_at)
+        stopped = kill_points.wait(report, child)
+        status = child.kill()
+        assert stopped.stopped_at == stop_at, stopped
+        assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL, status
+        completed = intent.exists() or stop_at > calibration.mark("intent")
+        assert completed == (window == "in the swap") or window == "anywhere", window
+        yield "completed" if completed else "rolled back"
         with _open(path) as log:
-            current = _rows(log)
+            assert _rows(log) == (after if completed else before), f"{window}: call {stop_at}"
             end = _active_base(log)
-            assert set(current) <= set(written), "a record that was never written"
-            assert set(_model(written, end)) <= set(current), "a record that must stay was lost"
             log.compact(now_ms=NOW, force=True)
             assert _rows(log) == _model(written, end)
         _assert_tidy(path)
@@ -666,11 +709,11 @@ def _with_offsets(written: list[Row], current: list[Row]) -> list[Row]:
 
 
 def test_sigkill_during_compaction(tmp_path: Path) -> None:
-    outcomes = list(_kill_rounds(tmp_path, 10, seed=1))
-    assert "killed" in outcomes and "killed in the swap" in outcomes, outcomes
+    outcomes = list(_kill_rounds(tmp_path / "log", 8, seed=1))
+    assert {"rolled back", "completed"} <= set(outcomes), outcomes
 
 
 @pytest.mark.slow
 def test_sigkill_during_compaction_many_times(tmp_path: Path) -> None:
-    outcomes = list(_kill_rounds(tmp_path, 80, seed=2))
-    assert outcomes.count("killed") > 10 and outcomes.count("killed in the swap") > 10, outcomes
+    outcomes = list(_kill_rounds(tmp_path / "log", 80, seed=2))
+    assert outcomes.count("rolled back") >= 20 and outcomes.count("completed") >= 40, outcomes

@@ -1,8 +1,8 @@
 """Object-log maintenance across processes (multiprocessing spawn), on file:// with the
 object-store sequencer (and, under ``-m slow``, PostgreSQL): writers, readers and
 maintainers (compaction, merging, retention, garbage collection with a short grace) at
-once; and maintainers killed with SIGKILL at random points, each time finished by the
-next run.
+once; and maintainers killed with SIGKILL inside their runs (before a swap, while
+deleting, while uploading, anywhere), each time finished by the next run.
 
 What must hold: no reader ever fails or sees a wrong record; every acknowledged record
 is there unless retention or compaction was meant to drop it (compaction keeps each
@@ -15,13 +15,15 @@ from __future__ import annotations
 import multiprocessing
 import os
 import random
+import shutil
 import signal
-import time
 import uuid
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
+import kill_points
 import pytest
+from kill_points import Forked
 from maintenance_workers import (
     EVENTS,
     KEYED,
@@ -31,14 +33,15 @@ from maintenance_workers import (
     key_of,
     maintain,
     maintain_for,
-    maintain_until_killed,
     read_for,
     write_for,
 )
 from object_support import as_objects, referenced, stored
 
 import disklesslog
+from disklesslog.objects import compact as compact_module
 from disklesslog.objects import gc as gc_module
+from disklesslog.objects import merge as merge_module
 
 SPAWN = multiprocessing.get_context("spawn")
 SEQUENCER = "objectstore://"
@@ -151,12 +154,44 @@ def test_writers_readers_and_maintainers_sequenced_by_postgres(
         drop_schema(postgres_server, schema)
 
 
+def _maintain_armed(path: Path, report: Path, stop_at: int | None) -> Forked:
+    """One maintenance run (no grace) in a forked maintainer that counts its file calls,
+    marks its uploads, swaps and deletions, and stops at call ``stop_at``
+    (``kill_points``)."""
+    report.unlink(missing_ok=True)
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        code = 0
+        try:
+            with _open(path) as log:
+                kill_points.arm(report, stop_at)
+                for module in (compact_module, merge_module):  # each imported them
+                    kill_points.marking(module, "upload", "swap")
+                kill_points.marking(gc_module, "_delete")
+                maintain(log, 0, target_bytes=2048)
+            kill_points.finish()
+        except BaseException as exc:
+            kill_points.finish(exc)
+            code = 1
+        os._exit(code)
+    return Forked(pid)
+
+
+KILL_WINDOWS = ["swap", "_delete", "upload", "anywhere"]
+"""Where the rounds of :func:`_kill_rounds` kill, in turn: just before a swap (its
+upload done), inside a garbage collection's deletions, inside an upload, anywhere."""
+
+
 def _kill_rounds(tmp_path: Path, rounds: int) -> None:
-    url = f"file://{tmp_path}/log"
+    """Write, then run maintenance in a forked maintainer and SIGKILL it inside the run,
+    ``rounds`` times; the next run must finish what it left. The kill lands at a file
+    call drawn from a window of the run (``KILL_WINDOWS``), by construction
+    (tests/kill_points.py): a calibration run on a copy of the log counts the run's
+    calls and where its uploads, swaps and deletions made them."""
     rng = random.Random(2024)
     acked: list[Acked] = []
-    interrupted = 0
     unknown_before: set[str] = set()
+    report = tmp_path / "kill-points"
     with _open(tmp_path) as log:
         objects = as_objects(log)
         _create_streams(log)
@@ -174,29 +209,35 @@ def _kill_rounds(tmp_path: Path, rounds: int) -> None:
                             pending.append((stream, k, value, writer.append(stream, value, key=k)))
                     writer.flush()
                     acked += [(s, f.result(), k, v) for s, k, v, f in pending]
-            ready = SPAWN.Event()
-            child = SPAWN.Process(
-                target=maintain_until_killed, args=(url, SEQUENCER, ready, round_no)
-            )
-            child.start()
-            try:
-                assert ready.wait(timeout=120), "the maintainer did not start"
-                time.sleep(rng.uniform(0, 0.35))
-            finally:
-                os.kill(child.pid, signal.SIGKILL)  # type: ignore[arg-type]
-                child.join(timeout=60)
-            assert child.exitcode == -signal.SIGKILL
+            copy = tmp_path / "copy"
+            shutil.rmtree(copy, ignore_errors=True)
+            shutil.copytree(tmp_path / "log", copy / "log")
+            child = _maintain_armed(copy, report, None)
+            calibration = kill_points.wait(report, child)
+            assert child.join() == 0 and calibration.finished, calibration
+            window = KILL_WINDOWS[round_no % len(KILL_WINDOWS)]
+            if window == "anywhere":
+                stop_at = rng.randint(1, calibration.calls)
+            else:
+                spans = calibration.spans(window)
+                assert spans, f"the run never made a file call in {window}: {calibration}"
+                first, last = rng.choice(spans)
+                stop_at = first if window == "swap" else rng.randint(first, last)
+            child = _maintain_armed(tmp_path, report, stop_at)
+            stopped = kill_points.wait(report, child)
+            status = child.kill()
+            assert stopped.stopped_at == stop_at, stopped
+            assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL, status
             unknown = stored(log) - set(objects.sequencer.list_objects())
             garbage = objects.sequencer.objects_to_delete(0)
-            interrupted += bool(unknown - unknown_before or garbage)
+            if window == "swap":  # uploaded, never swapped in: the sequencer never knew it
+                assert unknown - unknown_before, f"call {stop_at}: no upload left unknown"
+            if window == "_delete":  # deleted (or not yet), not yet forgotten
+                assert garbage, f"call {stop_at}: no garbage left"
             unknown_before = unknown
             maintain(log, 0)  # the next run completes whatever was cut short
             _check(log, acked)
             _referenced_objects_exist(log)
-        # Most kills hit work under way: an upload not yet swapped in (an object the
-        # sequencer never knew), garbage not yet (or half) collected.
-        assert interrupted >= rounds // 4, f"only {interrupted} kills interrupted anything"
-        assert unknown_before, "no kill fell between an upload and its swap"
         _collect_everything(log)
         _check(log, acked)
 

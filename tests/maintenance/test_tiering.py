@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -22,7 +24,9 @@ from pathlib import Path
 from typing import Any
 
 import fsspec
+import kill_points
 import pytest
+from kill_points import Forked
 
 import disklesslog
 from disklesslog import (
@@ -34,9 +38,9 @@ from disklesslog import (
     OffsetOutOfRange,
 )
 from disklesslog.cli import main
+from disklesslog.segments import layout, tiering
 from disklesslog.segments import log as segment_log
 from disklesslog.segments import manifest as manifests
-from disklesslog.segments import tiering
 from disklesslog.testing import FaultyMemoryFileSystem, create_bucket, s3_storage_options
 
 WORKERS = Path(__file__).with_name("tier_workers.py")
@@ -510,6 +514,36 @@ def test_trims_below_and_above_the_local_start(tmp_path: Path) -> None:
     log.close()
 
 
+@pytest.mark.parametrize("edge", ["first", "last"])
+def test_trims_at_the_edges_of_tiered_and_local_segments(tmp_path: Path, edge: str) -> None:
+    """Trims to the first or the last offset of tiered segments in turn, up to the last
+    tiered one and the first local one: the segment that holds the new start stays (in
+    the manifest or on disk), and reads start exactly there, also after garbage
+    collection and after reopening."""
+    path = tmp_path / "log"
+    target = _memory_target()
+    log = _open(path, target, local_retention_bytes=2048, **SMALL)
+    ref = _fill(log, "s", 150)
+    log.tier(now_ms=NOW)
+    stream = log.stream("s")
+    tiered = [(seg.base_offset, seg.end_offset) for seg in _manifest(path).segments]
+    local = [(s["base_offset"], s["end_offset"]) for s in stream.info().details["segments"]]
+    untiered = [(base, end) for base, end in local if base >= tiered[-1][1]]
+    assert len(tiered) > 4 and untiered[0][0] == tiered[-1][1]
+    assert tiered[3][1] < _local_start(stream) <= tiered[-1][0]  # local copies stay a while
+    for base, end in [*tiered[:3], tiered[-1], untiered[0]]:
+        before = base if edge == "first" else end - 1
+        stream.trim(before)
+        assert stream.start_offset == before and _rows(stream) == ref[before:], before
+        log.collect_garbage(grace_seconds=0)
+        assert _rows(stream) == ref[before:], f"{before}: after garbage collection"
+        log.close()
+        log = _open(path, target, local_retention_bytes=2048, **SMALL)
+        stream = log.stream("s")
+        assert stream.start_offset == before and _rows(stream) == ref[before:], before
+    log.close()
+
+
 def test_corrupt_and_missing_tiered_objects_are_named(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -690,17 +724,69 @@ def _check_tier_consistent(path: Path, target: Target) -> None:
     assert not missing, f"objects a manifest lists are gone: {sorted(missing)[:3]}"
 
 
+TIERING_STEPS = ("_begin_copy", "_upload", "_finish_copy", "_delete_local_copies")
+"""The steps of a tiering run (``segments/tiering.py``) a kill is aimed at."""
+KILL_WINDOWS = [
+    "_upload",
+    "_finish_copy",
+    "anywhere",
+    "_begin_copy",
+    "_upload",
+    "_delete_local_copies",
+]
+"""Where the rounds of the crash test kill, in turn: inside one call of a step (of one
+segment, chosen at random), or anywhere in the run."""
+
+
+def _tier_armed(path: Path, report: Path, stop_at: int | None) -> Forked:
+    """Run one ``log.tier()`` in a forked tiering process that counts its file calls,
+    marks its steps, and stops at call ``stop_at`` (``kill_points``)."""
+    report.unlink(missing_ok=True)
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        code = 0
+        try:
+            with disklesslog.open(path, create=False, fsync="never") as log:
+                kill_points.arm(report, stop_at)
+                kill_points.marking(tiering, *TIERING_STEPS)
+                log.tier()
+            kill_points.finish()
+        except BaseException as exc:
+            kill_points.finish(exc)
+            code = 1
+        os._exit(code)
+    return Forked(pid)
+
+
+def _copy_tiered_log(path: Path, tier: Path, to: Path) -> Path:
+    """A copy of a tiered log and its tier under ``to``, the copy's ``tier.json`` naming
+    the copied tier; returns the copied log's path. The tier is copied as hard links:
+    tiering never writes an object in place (it renames a synced temporary file)."""
+    shutil.rmtree(to, ignore_errors=True)
+    shutil.copytree(path, to / "log")
+    shutil.copytree(tier, to / "tier", copy_function=os.link)
+    tier_json = to / "log" / "tier.json"
+    config, _ = layout.decode_json(tier_json.read_bytes(), str(tier_json), what="tier.json")
+    tier_json.write_bytes(layout.encode_json({**config, "url": f"file://{to}/tier"}))
+    return to / "log"
+
+
 @pytest.mark.parametrize(
     "rounds",
     [pytest.param(6, id="6-rounds"), pytest.param(40, id="40-rounds", marks=pytest.mark.slow)],
 )
 def test_sigkill_while_tiering_loses_nothing(tmp_path: Path, rounds: int) -> None:
-    """Kill a tiering process at random moments, ``rounds`` times: the next run completes,
-    every record reads back once at its offset, and no orphan survives gc."""
+    """Kill a tiering process inside its run, ``rounds`` times: every record reads back
+    once at its offset at once, the next run completes, and no orphan survives gc.
+
+    The kill lands at a file call drawn at random from one step of the run (uploading a
+    segment's objects, recording it as copying or tiered, deleting local copies) or from
+    the whole run, by construction (tests/kill_points.py): a calibration run on a copy
+    of the log and its tier counts the run's calls and where each step made them."""
     target = _file_target(tmp_path)
     path = tmp_path / "log"
+    report = tmp_path / "kill-points"
     rng = random.Random(1234)
-    killed = 0
     log = disklesslog.open(
         path,
         fsync="never",  # SIGKILL is a process crash: the OS keeps what was written
@@ -710,27 +796,24 @@ def test_sigkill_while_tiering_loses_nothing(tmp_path: Path, rounds: int) -> Non
         local_retention_bytes=3072,
     )
     refs: dict[str, list[Row]] = {"a": [], "b": []}
-    delay = 0.05
     for round_no in range(rounds):
         for name in refs:
             refs[name] += _fill(log, name, 60, first_ts=1_000 + round_no * 1_000)
-        child = subprocess.Popen(
-            [sys.executable, str(WORKERS), "tier", str(path), '{"fsync": "never"}'],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        assert child.stdout is not None
-        assert child.stdout.readline().strip() == "ready"
-        started = time.monotonic()
-        time.sleep(rng.uniform(0, delay))
-        child.send_signal(signal.SIGKILL)
-        _, err = child.communicate(timeout=60)
-        if child.returncode == 0:  # finished before the kill: aim earlier next time
-            delay = max(0.005, (time.monotonic() - started) * 0.8)
-        else:
-            assert child.returncode == -signal.SIGKILL, err
-            killed += 1
+        copy = _copy_tiered_log(path, tmp_path / "tier", tmp_path / "copy")
+        child = _tier_armed(copy, report, None)
+        calibration = kill_points.wait(report, child)
+        assert child.join() == 0 and calibration.finished, calibration
+        window = KILL_WINDOWS[round_no % len(KILL_WINDOWS)]
+        spans = [(1, calibration.calls)] if window == "anywhere" else calibration.spans(window)
+        assert spans, f"the run never made a file call in {window}: {calibration}"
+        stop_at = rng.randint(*rng.choice(spans))
+        child = _tier_armed(path, report, stop_at)
+        stopped = kill_points.wait(report, child)
+        status = child.kill()
+        assert stopped.stopped_at == stop_at, stopped
+        assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL, status
+        for name, ref in refs.items():  # before any repair
+            assert _rows(log.stream(name)) == ref, f"{window}: call {stop_at}"
         log.tier(now_ms=NOW)
         for name, ref in refs.items():
             stream = log.stream(name)
@@ -739,7 +822,6 @@ def test_sigkill_while_tiering_loses_nothing(tmp_path: Path, rounds: int) -> Non
             assert all(seg.tiered for seg in segments)
             assert segments[-1].end_offset == stream.info().details["segments"][-1]["base_offset"]
         _check_tier_consistent(path, target)
-    assert killed > rounds // 2, "the tiering process should mostly die mid-way"
     log.collect_garbage(grace_seconds=0)
     assert target.keys() == _referenced(path), "orphans survived garbage collection"
     for name, ref in refs.items():

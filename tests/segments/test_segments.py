@@ -113,6 +113,33 @@ def test_trim_deletes_closed_segments_only(tmp_path: Path) -> None:
         assert stream.append(b"z") == 50
 
 
+@pytest.mark.parametrize("edge", ["first", "last"])
+def test_a_trim_at_a_segment_edge_deletes_exactly_the_segments_below(
+    tmp_path: Path, edge: str
+) -> None:
+    """Trimming to the first or the last offset of each segment in turn keeps the segment
+    that holds the new start and deletes every file of those before it, also on
+    reopening (whose recovery removes what a crashed trim left). The conformance suite
+    checks what reads see; this checks the files: nothing trimmed lingers."""
+    with disklesslog.open(tmp_path, fsync="never") as log:
+        stream = log.create_stream("s", segment_bytes=1024)
+        for i in range(6):  # one batch per segment: a second would not fit
+            stream.append_batch([b"%d" % (5 * i + j) + b"." * 150 for j in range(5)])
+        bases = [int(path.name[:20]) for path in _logs(tmp_path)]
+        assert bases == [0, 5, 10, 15, 20, 25]
+    for i, base in enumerate(bases):
+        before = base if edge == "first" else base + 4
+        with disklesslog.open(tmp_path, fsync="never") as log:
+            log.stream("s").trim(before)
+            assert [int(path.name[:20]) for path in _logs(tmp_path)] == bases[i:]
+        names = [path.name for path in _stream_dir(tmp_path).iterdir()]
+        below = [name for name in names if name[:20].isdigit() and int(name[:20]) < base]
+        assert below == [], f"files of trimmed segments left: {below}"
+        with disklesslog.open(tmp_path, fsync="never") as log:
+            assert [int(path.name[:20]) for path in _logs(tmp_path)] == bases[i:]
+            assert next(iter(log.stream("s").read())).offset == before
+
+
 def test_missing_or_damaged_closed_indexes_are_rebuilt(tmp_path: Path) -> None:
     with disklesslog.open(tmp_path, fsync="never") as log:
         stream = log.create_stream("s", segment_bytes=1024, index_interval_bytes=64)

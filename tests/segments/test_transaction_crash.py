@@ -1,5 +1,6 @@
 """Two-phase commits on local logs under real crashes: a child committing transactions
-across four streams is SIGKILLed at random moments while a reader process watches.
+across four streams is SIGKILLed while a reader process watches, every other time at a
+random moment, the others at a random file call inside a commit (tests/kill_points.py).
 The reader must never see a transaction in one stream and not in a later one (the
 commit is all or nothing to readers); after each kill, opening the log finishes the
 interrupted commit, so every stream holds the same transactions, each exactly once,
@@ -13,6 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import kill_points
 import pytest
 from workers import TXN_STREAMS, run_and_kill, txn_value
 
@@ -21,13 +23,25 @@ import disklesslog
 WORKERS = Path(__file__).with_name("workers.py")
 
 
-def _run_and_kill(directory: Path, rng: random.Random) -> list[int]:
-    """Start a committing child, kill it after a random delay, return the transactions
+def _run_and_kill(directory: Path, rng: random.Random, armed: Path | None) -> list[int]:
+    """Start a committing child, kill it after a random delay (or, with ``armed``, at a
+    random file call inside a commit, reported to that file), return the transactions
     it acknowledged."""
-    lines = run_and_kill(
-        ["txn", str(directory), str(rng.randrange(1 << 30))], rng.uniform(0.02, 0.3)
-    )
+    args = ["txn", str(directory), str(rng.randrange(1 << 30))]
+    if armed is None:
+        lines = run_and_kill(args, rng.uniform(0.02, 0.3))
+    else:
+        armed.unlink(missing_ok=True)
+        # A commit makes about 80 file calls: the kill comes in the third or fourth.
+        args += [str(armed), str(rng.randint(200, 300))]
+        lines = run_and_kill(args, 60, until=lambda: kill_points.read(armed).stopped_at is not None)
     return [int(line.split()[1]) for line in lines]
+
+
+def _interrupted_commit(directory: Path) -> bool:
+    """Whether a commit left its notes, to be finished by the next open."""
+    pending = directory / "transactions" / "pending"
+    return pending.exists() and any(p.suffix == ".json" for p in pending.iterdir())
 
 
 def _check(directory: Path, acked: list[int]) -> int:
@@ -35,9 +49,7 @@ def _check(directory: Path, acked: list[int]) -> int:
     records contiguous), with every acknowledged one among them."""
     counts = []
     with disklesslog.open(directory, fsync="always") as log:
-        assert not (directory / "transactions" / "pending").exists() or not any(
-            p.suffix == ".json" for p in (directory / "transactions" / "pending").iterdir()
-        ), "opening the log did not finish the interrupted commit"
+        assert not _interrupted_commit(directory), "opening the log did not finish the commit"
         for name in TXN_STREAMS:
             values = [r.value for r in log.stream(name).read()]
             order = list(dict.fromkeys(values))  # distinct, in first-seen order
@@ -62,10 +74,12 @@ def _crash_rounds(tmp_path: Path, rounds: int, seed: int) -> None:
         text=True,
     )
     acked: list[int] = []
-    committed = 0
+    committed = interrupted = 0
     try:
-        for _ in range(rounds):
-            acked.extend(_run_and_kill(directory, rng))
+        for round_no in range(rounds):
+            armed = tmp_path / "kill-points" if round_no % 2 else None
+            acked.extend(_run_and_kill(directory, rng, armed))
+            interrupted += armed is not None and _interrupted_commit(directory)
             committed = _check(directory, acked)
             if reader.poll() is not None:  # it found a breach (or crashed)
                 break
@@ -77,7 +91,10 @@ def _crash_rounds(tmp_path: Path, rounds: int, seed: int) -> None:
     assert reader.returncode == 0 and out.startswith("passes"), f"the reader stopped: {out}"
     passes, held = int(out.split()[1]), int(out.split()[3])
     assert passes > rounds, f"the reader barely read ({passes} passes); the test proves little"
-    assert committed > rounds, "the children barely committed; the test proves little"
+    # By construction (not by the machine's speed): each armed round committed twice.
+    assert committed >= 2 * (rounds // 2), "the children barely committed; the test proves little"
+    armed_rounds = rounds // 2
+    assert interrupted >= max(1, armed_rounds // 2), f"{interrupted} of {armed_rounds} commits"
     print(
         f"{rounds} kills, {committed} transactions, {len(acked)} acknowledged; the reader "
         f"read {passes} times, {held} of them with a commit holding records back"
@@ -85,7 +102,7 @@ def _crash_rounds(tmp_path: Path, rounds: int, seed: int) -> None:
 
 
 def test_sigkill_while_committing(tmp_path: Path) -> None:
-    _crash_rounds(tmp_path, rounds=3, seed=11)
+    _crash_rounds(tmp_path, rounds=4, seed=11)
 
 
 @pytest.mark.slow

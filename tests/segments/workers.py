@@ -14,6 +14,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 
 import disklesslog
 
@@ -36,11 +37,17 @@ def parse(record_value: bytes) -> tuple[int, int]:
     return int(record_value[1:5]), int(record_value[7:15])
 
 
-def crash_child(directory: str, round_no: int, mode: str, seed: int) -> None:
-    """Append forever and acknowledge each append on stdout once it has returned."""
+def crash_child(directory: str, round_no: int, mode: str, seed: int, *tear: str) -> None:
+    """Append forever and acknowledge each append on stdout once it has returned. With
+    ``tear`` (``REPORT CALL``), the append at ``os.writev`` call number ``CALL`` writes
+    only part of its entry and waits for the SIGKILL (tests/kill_points.py)."""
     rng = random.Random(seed)
     log = disklesslog.open(directory, fsync="always")
     stream = log.create_stream("s", **STREAM_CONFIG)
+    if tear:
+        import kill_points  # on the path of crash tests only (kill_points.child_env)
+
+        kill_points.arm(tear[0], int(tear[1]), calls=("writev",), tear=True)
     out = sys.stdout
     lock = threading.Lock()
 
@@ -120,11 +127,19 @@ def prefix_reader(directory: str, expected_total: int, timeout: float) -> str:
     return "timed out"
 
 
-def run_and_kill(args: list[str], delay: float) -> list[bytes]:
+def run_and_kill(
+    args: list[str], delay: float, until: Callable[[], bool] | None = None
+) -> list[bytes]:
     """Run ``python workers.py ARGS``, wait for its "ready" line, collect what it prints
-    for ``delay`` seconds, SIGKILL it, and return the complete lines it printed (a
+    for ``delay`` seconds (with ``until``: until ``until()`` is true, which must happen
+    within ``delay`` seconds), SIGKILL it, and return the complete lines it printed (a
     partial last line was cut by the kill: not an acknowledgement)."""
-    child = subprocess.Popen([sys.executable, __file__, *args], stdout=subprocess.PIPE)
+    env = None
+    if until is not None:
+        import kill_points  # in the test process, tests/ is on the path
+
+        env = kill_points.child_env()
+    child = subprocess.Popen([sys.executable, __file__, *args], stdout=subprocess.PIPE, env=env)
     assert child.stdout is not None
     ready = child.stdout.readline()
     assert ready == b"ready\n", ready
@@ -134,8 +149,12 @@ def run_and_kill(args: list[str], delay: float) -> list[bytes]:
     os.set_blocking(child.stdout.fileno(), False)
     deadline = time.monotonic() + delay
     while (left := deadline - time.monotonic()) > 0:
-        if selector.select(left):
+        if until is not None and until():
+            break
+        if selector.select(left if until is None else min(left, 0.005)):
             data += child.stdout.read() or b""
+    else:
+        assert until is None, f"the child did not get there in {delay} s"
     child.send_signal(signal.SIGKILL)
     child.wait()
     data += child.stdout.read() or b""
@@ -152,12 +171,19 @@ def txn_value(k: int) -> bytes:
     return b"t%08d-" % k + b"x" * 2000
 
 
-def txn_child(directory: str, seed: int) -> None:
+def txn_child(directory: str, seed: int, *armed: str) -> None:
     """Commit transactions forever (transaction k puts one record in each of
-    TXN_STREAMS, staged in two parts), acknowledging each once its commit returned."""
+    TXN_STREAMS, staged in two parts), acknowledging each once its commit returned.
+    With ``armed`` (``REPORT CALL``), wait for the SIGKILL at file call number ``CALL``
+    made inside a commit (tests/kill_points.py)."""
     rng = random.Random(seed)
     log = disklesslog.open(directory, fsync="always")  # recovers an interrupted commit
     k = len({r.value for r in log.stream(TXN_STREAMS[0]).read()})
+    if armed:
+        import kill_points  # on the path of crash tests only (kill_points.child_env)
+
+        kill_points.arm(armed[0], int(armed[1]), inside="commit_transaction")
+        kill_points.marking(type(log), "commit_transaction")
     sys.stdout.write("ready\n")
     sys.stdout.flush()
     while True:
@@ -201,9 +227,9 @@ def txn_reader(directory: str, seconds: float) -> None:
 
 if __name__ == "__main__":
     if sys.argv[1] == "crash":
-        crash_child(sys.argv[2], int(sys.argv[3]), sys.argv[4], int(sys.argv[5]))
+        crash_child(sys.argv[2], int(sys.argv[3]), sys.argv[4], int(sys.argv[5]), *sys.argv[6:])
     elif sys.argv[1] == "txn":
-        txn_child(sys.argv[2], int(sys.argv[3]))
+        txn_child(sys.argv[2], int(sys.argv[3]), *sys.argv[4:])
     elif sys.argv[1] == "txn-reader":
         txn_reader(sys.argv[2], float(sys.argv[3]))
     else:

@@ -28,6 +28,7 @@ from disklesslog.errors import (
     SequencerConflict,
     SequencerDamaged,
     SequencerError,
+    StorageError,
     StreamNotFound,
 )
 from disklesslog.sequencers import (
@@ -265,12 +266,12 @@ def test_failed_puts_are_retried(faulty: tuple[Any, str]) -> None:
     assert seq.tail == 2
 
 
-def test_unknown_outcome_after_retries_raises_oserror(faulty: tuple[Any, str]) -> None:
+def test_unknown_outcome_after_retries_raises_storage_error(faulty: tuple[Any, str]) -> None:
     fs, root = faulty
     seq = ObjectStoreSequencer(fs, root)
     seq.create_stream("s", {})
     FaultyMemoryFileSystem.failing_puts = 100
-    with pytest.raises(OSError, match="may or may not"):
+    with pytest.raises(StorageError, match="may or may not"):
         seq.commit("o1", [batch("s")])
     FaultyMemoryFileSystem.failing_puts = 0
     assert seq.stream_info("s").end_offset == 0

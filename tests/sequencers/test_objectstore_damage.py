@@ -35,6 +35,7 @@ from disklesslog.errors import (
     DisklessLogError,
     SequencerDamaged,
     SequencerError,
+    StorageError,
 )
 from disklesslog.sequencers import BatchLocation, BatchToCommit
 from disklesslog.sequencers import objectstore_format as fmt
@@ -627,14 +628,14 @@ def test_loading_a_checkpoint_retries_failed_lists_and_gets(
     assert FaultyMemoryFileSystem.gets <= 1 + 1 + 3 + 8  # the checkpoint twice, 11..13, misses
 
 
-def test_a_get_that_keeps_failing_is_an_oserror_and_changes_nothing(
+def test_a_get_that_keeps_failing_is_a_storage_error_and_changes_nothing(
     faulty: tuple[Any, str],
 ) -> None:
     fs, root = faulty
     writer = ObjectStoreSequencer(fs, root)
     writer.create_stream("s", {})
     FaultyMemoryFileSystem.failing_gets = 100
-    with pytest.raises(OSError, match="after 5 attempts"):
+    with pytest.raises(StorageError, match="after 5 attempts"):
         ObjectStoreSequencer(fs, root)
     FaultyMemoryFileSystem.failing_gets = 0
     assert ObjectStoreSequencer(fs, root).snapshot() == writer.snapshot()
