@@ -13,7 +13,6 @@ import threading
 import weakref
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
-from urllib.parse import quote
 
 from ..api import (
     AbstractLog,
@@ -610,8 +609,21 @@ def _sequencer_for(
         return open_sequencer(f"memory://{storage.root}"), True
     local = storage.local_root()
     if local is not None:
-        return open_sequencer(f"sqlite://{quote(local)}/disklesslog-meta.db"), True
+        return _local_sqlite(storage, local), True
     return _objectstore(storage.fs, f"{storage.root}/{SEQUENCER_DIR}"), True
+
+
+def _local_sqlite(storage: ObjectStorage, local: str) -> Sequencer:
+    """The SQLite sequencer in a ``file://`` log's directory. A new log's sequencer
+    creates its tables before :class:`ObjectLog` writes the marker, so once the marker
+    exists the database must hold them: missing or empty, it was lost (DataLossError),
+    and a new one would hand out the log's offsets from 0 again."""
+    from ..sequencers.sqlite import SqliteSequencer  # noqa: PLC0415 - lazy, as the registry
+
+    raw = storage.read_small(MARKER)
+    if raw is not None:  # another kind of log is refused as such, before anything is created
+        check_marker(raw, kind=KIND, version=VERSION, where=storage.url)
+    return SqliteSequencer(f"{local}/disklesslog-meta.db", existing=raw is not None)
 
 
 def _objectstore(fs: Any, root: str, url: str | None = None) -> Sequencer:
