@@ -31,7 +31,8 @@ Files: a clean close of the last connection leaves the database as one file (SQL
 copies its ``-wal`` into it and deletes ``-wal`` and ``-shm``); a ``-wal`` left by a
 process that died is checked before SQLite replays it, by an opener that knows itself
 alone through the ``<database>-lock`` file
-(:mod:`~disklesslog.sequencers.sqlite_files`).
+(:mod:`~disklesslog.sequencers.sqlite_files`). While running, committers keep the
+``-wal`` from growing past :data:`_WAL_SIZE_LIMIT` (:meth:`SqliteSequencer._bound_wal`).
 With ``existing=True`` (a ``file://`` log whose marker exists) a database that is
 missing, empty or without tables is a :class:`~disklesslog.errors.DataLossError`,
 never a new one.
@@ -65,6 +66,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import logging
 import math
 import os
 import random
@@ -154,6 +156,8 @@ __all__ = [
 
 SYNCHRONOUS_MODES = ("normal", "full")
 
+log = logging.getLogger(__name__)
+
 INTEGRITY_CHECK_MAX_BYTES = 8 << 20
 """Opening a database file up to this size runs ``PRAGMA integrity_check``: every page,
 and every index entry against its table (a damaged index makes lookups miss rows that
@@ -171,7 +175,14 @@ _AUTOCHECKPOINT_PAGES = 8000
 hot pages (stream rows, each stream's index leaf), so a longer WAL checkpoints each of
 them once for many commits: measured ~15-20% more commits/s, for a WAL of up to ~32 MB
 and a checkpoint pause of tens of milliseconds every few thousand commits."""
-_WAL_SIZE_LIMIT = 64 << 20  # bytes the WAL file is truncated back to after a checkpoint
+_WAL_SIZE_LIMIT = 64 << 20
+"""Bytes the WAL file is cut back to when it starts over, and the size past which
+committers make it start over (:meth:`SqliteSequencer._bound_wal`)."""
+_WAL_CHECK_EVERY = 16  # write transactions between looks at the WAL's size (a stat: ~2 us)
+_RESTART_WAIT = 0.25  # seconds committers try to have it start over, at most
+_RESTART_PAUSES = (0.1, 5.0)
+"""Seconds before a committer whose try waited in vain tries again: the first pause,
+doubled after each try in vain up to the second."""
 _IN_CHUNK = 500  # "?" per IN list: well under SQLITE_MAX_VARIABLE_NUMBER (999 before 3.32)
 _DAMAGE_CODES = (11, 26)  # SQLITE_CORRUPT, SQLITE_NOTADB (primary result codes)
 _ERRORS = (sqlite3.Error, UnicodeDecodeError)
@@ -385,6 +396,10 @@ class SqliteSequencer(Sequencer):
         self._connections: weakref.WeakSet[_Connection] = weakref.WeakSet()
         self._closed = False
         self._presence: Presence | None = None
+        self._wal = self.path + "-wal"
+        self._restart_after = 0.0  # monotonic time before which _bound_wal does not try
+        self._restart_pause = _RESTART_PAUSES[0]
+        self._writes = 0  # write transactions (not exact across threads: a pacer only)
         self._states = StateCache(self.path)
         self._damage: str | None = None  # what the first integrity check after damage found
         parent = os.path.dirname(self.path)
@@ -527,6 +542,53 @@ class SqliteSequencer(Sequencer):
             except _ERRORS as exc:
                 self._rollback(db)
                 raise self._error(exc) from exc
+            if begin == _WRITE:
+                self._writes += 1
+                if not self._writes % _WAL_CHECK_EVERY and _file_size(self._wal) > _WAL_SIZE_LIMIT:
+                    self._bound_wal(db)
+
+    def _bound_wal(self, db: sqlite3.Connection) -> None:
+        """Have the write-ahead log start over, as its automatic checkpoints cannot
+        while it is in use. They copy it into the database, but only a writer that finds
+        it all copied and no reader in it reuses it from the beginning, and with other
+        writers and readers always at work that moment never came: the log grew to
+        gigabytes in seconds (docs/sequencers.md). ``PRAGMA wal_checkpoint(RESTART)``
+        takes the write lock, copies the rest, and waits for the readers still in the
+        log (new ones read the database file), so the next commit starts it over (and
+        cuts the file back to :data:`_WAL_SIZE_LIMIT`). Every committer that finds the
+        log past that size tries, for up to :data:`_RESTART_WAIT` until one has done it,
+        so the others keep off the write lock meanwhile. A try can wait in vain (readers
+        arriving as fast as they leave hold on to the log): then it pauses, longer after
+        each failure (:data:`_RESTART_PAUSES`), so that such readers cost writers little.
+        The commit already succeeded: a failure here is logged, never raised."""
+        now = time.monotonic()
+        if now < self._restart_after:
+            return
+        deadline = now + _RESTART_WAIT
+        delay = _LOCK_RETRY_FIRST
+        try:
+            while True:
+                wait_ms = max(1, int((deadline - time.monotonic()) * 1000))
+                db.execute(f"PRAGMA busy_timeout = {wait_ms}")
+                busy, frames, _ = db.execute("PRAGMA wal_checkpoint(RESTART)").fetchone()
+                if not busy:
+                    self._restart_pause = _RESTART_PAUSES[0]
+                    return
+                if frames != -1 or time.monotonic() >= deadline:  # it ran and waited in vain
+                    self._pause_restarts()
+                    return
+                time.sleep(delay)  # another connection holds the checkpoint lock
+                delay = min(delay * 2, _LOCK_RETRY_MAX)
+        except _ERRORS as exc:
+            log.warning("%s: could not checkpoint the write-ahead log: %s", self._wal, exc)
+            self._pause_restarts()
+        finally:
+            with contextlib.suppress(*_ERRORS):
+                db.execute(f"PRAGMA busy_timeout = {int(self.timeout * 1000)}")
+
+    def _pause_restarts(self) -> None:
+        self._restart_after = time.monotonic() + self._restart_pause
+        self._restart_pause = min(self._restart_pause * 2, _RESTART_PAUSES[1])
 
     def _begin(self, db: sqlite3.Connection, begin: str) -> None:
         """Start a transaction. Writers wait for the write lock with short, jittered

@@ -23,6 +23,7 @@ import pytest
 import disklesslog
 from disklesslog.errors import CorruptDataError, DataLossError, InvalidURL, SequencerError
 from disklesslog.sequencers import BatchToCommit, sqlite_files
+from disklesslog.sequencers import sqlite as sqlite_module
 from disklesslog.sequencers.sqlite import SqliteSequencer
 
 SPAWN = multiprocessing.get_context("spawn")
@@ -278,3 +279,53 @@ def test_processes_creating_one_log_together_never_see_it_lost(tmp_path: Path) -
         with SPAWN.Pool(4) as pool:
             offsets = pool.starmap(_open_and_append, [(url, n) for n in range(4)])
         assert sorted(offsets) == [0, 1, 2, 3]
+
+
+# ------------------------------------------------ a bounded write-ahead log
+
+
+def test_the_write_ahead_log_stays_bounded_while_readers_never_stop(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Readers whose transactions always overlap keep SQLite's automatic checkpoints
+    from starting the log over: it grew without end. (Sizes scaled down 64-fold, and
+    so the pauses after a try in vain: at the same commit rate, a 0.1 s pause grows the
+    log by 64 times the scaled limit.)"""
+    monkeypatch.setattr(sqlite_module, "_AUTOCHECKPOINT_PAGES", 125)
+    monkeypatch.setattr(sqlite_module, "_WAL_SIZE_LIMIT", 1 << 20)
+    monkeypatch.setattr(sqlite_module, "_RESTART_PAUSES", (0.1 / 64, 5.0 / 64))
+    db = tmp_path / "meta.db"
+    seq = SqliteSequencer(db)
+    for k in range(10):
+        seq.create_stream(f"s{k}", {})
+    stop = threading.Event()
+
+    def read() -> None:  # two connections taking turns, so one always has a snapshot
+        readers = [sqlite3.connect(db, isolation_level=None) for _ in range(2)]
+        readers[0].execute("BEGIN")
+        readers[0].execute("SELECT count(*) FROM batches").fetchone()
+        turn = 0
+        while not stop.is_set():
+            other = readers[1 - turn]
+            other.execute("BEGIN")
+            other.execute("SELECT count(*) FROM batches").fetchone()
+            readers[turn].execute("COMMIT")
+            turn = 1 - turn
+            time.sleep(0.0005)
+        readers[turn].execute("COMMIT")
+        for reader in readers:
+            reader.close()
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    largest = 0
+    try:
+        for i in range(1000):
+            batches = [BatchToCommit(f"s{k}", 0, 10, 1, 1, i) for k in range(10)]
+            seq.commit(f"objects/{i}", batches)
+            largest = max(largest, Path(f"{db}-wal").stat().st_size)
+    finally:
+        stop.set()
+        reader.join()
+        seq.close()
+    assert largest < 8 << 20, largest  # it reached 50 MB
