@@ -222,11 +222,13 @@ def test_an_object_log_whose_creator_stopped_before_its_marker_opens() -> None:
 
 def test_an_object_log_whose_marker_is_being_written_elsewhere_opens(tmp_path: Path) -> None:
     """Another process writing the marker by rename leaves ``disklesslog.json.tmp-<hex>``
-    for a moment: a process opening the log then sees a log being created (CI saw four
-    processes opening one new log refuse it as foreign)."""
+    for a moment, and its SQLite sequencer's lock file is there from the start: a process
+    opening the log then sees a log being created (CI saw four processes opening one new
+    log refuse it as foreign)."""
     root = tmp_path / "log"
     root.mkdir()
     (root / "disklesslog.json.tmp-0123456789abcdef").write_bytes(b"{")
+    (root / "disklesslog-meta.db-lock").write_bytes(b"")  # the sequencer's presence lock
     with disklesslog.open(f"file://{root}", backend="objects") as log:
         assert log.streams() == []
     stray = tmp_path / "other"

@@ -13,7 +13,6 @@ import threading
 import weakref
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
-from urllib.parse import quote
 
 from ..api import (
     AbstractLog,
@@ -587,7 +586,7 @@ def open_object_log(url: str, location: str, options: dict[str, Any]) -> ObjectL
     fs, root = open_filesystem(location, storage_options)
     storage = ObjectStorage(fs, root, Metrics())
     marked = _check_root(storage, url, create=create)
-    sequencer, owned = _sequencer_for(storage, sequencer_option, storage_options)
+    sequencer, owned = _sequencer_for(storage, sequencer_option, storage_options, marked)
     try:
         if not marked:
             storage.write_small(MARKER, marker_bytes(KIND, VERSION))
@@ -618,7 +617,7 @@ OWN_ENTRIES = frozenset(
         MARKER,
         OBJECTS,
         SEQUENCER_DIR,
-        *(SQLITE_NAME + end for end in ("", "-wal", "-shm", "-journal")),
+        *(SQLITE_NAME + end for end in ("", "-wal", "-shm", "-journal", "-lock")),
     }
 )
 """What an object log's root may hold before its marker is written (all of it ours: a
@@ -657,7 +656,10 @@ def _check_root(storage: ObjectStorage, url: str, *, create: bool) -> bool:
 
 
 def _sequencer_for(
-    storage: ObjectStorage, option: Any, storage_options: Mapping[str, Any] | None
+    storage: ObjectStorage,
+    option: Any,
+    storage_options: Mapping[str, Any] | None,
+    marked: bool,
 ) -> tuple[Sequencer, bool]:
     """The sequencer a log uses, and whether the log owns (and closes) it.
 
@@ -666,6 +668,8 @@ def _sequencer_for(
     inside the log (``<root>/_sequencer``), which needs no server. ``"objectstore://"``
     asks for the latter on any storage; ``objectstore+PROTOCOL://path`` puts it
     elsewhere (with this log's storage options if the protocol is the same).
+    ``marked``: the log's marker exists (:func:`_check_root`), so the default SQLite
+    database must too.
     """
     if isinstance(option, Sequencer):
         return option, False
@@ -683,8 +687,18 @@ def _sequencer_for(
         return open_sequencer(f"memory://{storage.root}"), True
     local = storage.local_root()
     if local is not None:
-        return open_sequencer(f"sqlite://{quote(local)}/{SQLITE_NAME}"), True
+        return _local_sqlite(local, existing=marked), True
     return _objectstore(storage.fs, f"{storage.root}/{SEQUENCER_DIR}"), True
+
+
+def _local_sqlite(local: str, *, existing: bool) -> Sequencer:
+    """The SQLite sequencer in a ``file://`` log's directory. A new log's sequencer
+    creates its tables before :class:`ObjectLog` writes the marker, so once the marker
+    exists (``existing``) the database must hold them: missing or empty, it was lost
+    (DataLossError), and a new one would hand out the log's offsets from 0 again."""
+    from ..sequencers.sqlite import SqliteSequencer  # noqa: PLC0415 - lazy, as the registry
+
+    return SqliteSequencer(f"{local}/{SQLITE_NAME}", existing=existing)
 
 
 def _objectstore(fs: Any, root: str, url: str | None = None) -> Sequencer:

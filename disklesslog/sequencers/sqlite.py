@@ -4,14 +4,17 @@
 directories are created). Options in the query string:
 
 ``synchronous=normal`` (default)
-    The write-ahead log is not fsynced per commit. A commit survives a crash of the
-    process, but a power loss or OS crash may forget the last commits (up to the last
-    checkpoint); the database itself stays consistent. Writers whose commits are
-    forgotten leave unreferenced objects behind (never deleted by GC) and readers that
-    saw those offsets may see them reassigned to other batches.
+    The write-ahead log is not fsynced per commit (only when it is checkpointed). A
+    commit survives a crash of the process, but a power loss or OS crash may forget the
+    last commits, acknowledged ones included: their offsets are handed out again, and
+    readers that saw them may see them reassigned to other batches. The trade the rest
+    of a ``file://`` log makes by default (its objects are not fsynced either). Where
+    the loss leaves later commits behind it in the log, opening refuses instead
+    (:mod:`~disklesslog.sequencers.sqlite_wal`).
 ``synchronous=full``
     The write-ahead log is fsynced by every commit: commits survive power loss, at the
-    cost of one fsync (about a millisecond on an SSD) per commit.
+    cost of one fsync (about a millisecond on an SSD) per commit; a power loss can only
+    tear the last transaction, never acknowledged.
 ``timeout=SECONDS`` (default 30)
     How long an operation waits for another process's write transaction before it
     raises :class:`~disklesslog.errors.SequencerError`.
@@ -19,9 +22,20 @@ directories are created). Options in the query string:
 Concurrency: WAL mode, so readers never block writers or each other. Every mutation is
 one transaction begun with ``BEGIN IMMEDIATE``, which takes the write lock before the
 first read: two writers can never read the same end offset (no lost update) and never
-deadlock upgrading a read lock. Each thread has its own connection. Do not carry an
-open sequencer across ``fork()``: the child opens fresh connections on first use and
-never touches the inherited ones (closing them could break the parent's locks).
+deadlock upgrading a read lock. Each thread has its own connection, closed when the
+thread ends or the sequencer closes. Do not carry an open sequencer across ``fork()``:
+the child opens fresh connections on first use and never touches the inherited ones
+(closing them could break the parent's locks).
+
+Files: a clean close of the last connection leaves the database as one file (SQLite
+copies its ``-wal`` into it and deletes ``-wal`` and ``-shm``); a ``-wal`` left by a
+process that died is checked before SQLite replays it, by an opener that knows itself
+alone through the ``<database>-lock`` file
+(:mod:`~disklesslog.sequencers.sqlite_files`). While running, committers keep the
+``-wal`` from growing past :data:`_WAL_SIZE_LIMIT` (:meth:`SqliteSequencer._bound_wal`).
+With ``existing=True`` (a ``file://`` log whose marker exists) a database that is
+missing, empty or without tables is a :class:`~disklesslog.errors.DataLossError`,
+never a new one.
 
 A commit is one transaction of about ten statements whatever its number of batches:
 it loads the touched streams, producers and producer states with ``IN`` lists, plans
@@ -52,6 +66,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import logging
 import math
 import os
 import random
@@ -68,6 +83,8 @@ from ..api import validate_group_name, validate_stream_name
 from ..errors import (
     ConfigError,
     CorruptDataError,
+    DataLossError,
+    DisklessLogError,
     InvalidURL,
     LogClosedError,
     SequencerError,
@@ -123,6 +140,7 @@ from .rows import (
     row_crc,
     row_crcs,
 )
+from .sqlite_files import Presence, open_presence
 from .sqlite_schema import SCHEMA_VERSION, migrate, schema_version, stored_version
 
 __all__ = [
@@ -137,6 +155,8 @@ __all__ = [
 ]
 
 SYNCHRONOUS_MODES = ("normal", "full")
+
+log = logging.getLogger(__name__)
 
 INTEGRITY_CHECK_MAX_BYTES = 8 << 20
 """Opening a database file up to this size runs ``PRAGMA integrity_check``: every page,
@@ -155,7 +175,14 @@ _AUTOCHECKPOINT_PAGES = 8000
 hot pages (stream rows, each stream's index leaf), so a longer WAL checkpoints each of
 them once for many commits: measured ~15-20% more commits/s, for a WAL of up to ~32 MB
 and a checkpoint pause of tens of milliseconds every few thousand commits."""
-_WAL_SIZE_LIMIT = 64 << 20  # bytes the WAL file is truncated back to after a checkpoint
+_WAL_SIZE_LIMIT = 64 << 20
+"""Bytes the WAL file is cut back to when it starts over, and the size past which
+committers make it start over (:meth:`SqliteSequencer._bound_wal`)."""
+_WAL_CHECK_EVERY = 16  # write transactions between looks at the WAL's size (a stat: ~2 us)
+_RESTART_WAIT = 0.25  # seconds committers try to have it start over, at most
+_RESTART_PAUSES = (0.1, 5.0)
+"""Seconds before a committer whose try waited in vain tries again: the first pause,
+doubled after each try in vain up to the second."""
 _IN_CHUNK = 500  # "?" per IN list: well under SQLITE_MAX_VARIABLE_NUMBER (999 before 3.32)
 _DAMAGE_CODES = (11, 26)  # SQLITE_CORRUPT, SQLITE_NOTADB (primary result codes)
 _ERRORS = (sqlite3.Error, UnicodeDecodeError)
@@ -260,25 +287,55 @@ def open_sqlite_sequencer(url: str) -> SqliteSequencer:
 # --------------------------------------------------------------------- connections
 
 
+class _Database(sqlite3.Connection):
+    """A connection that can be weakly referenced, so that its place in the
+    sequencer's :class:`~disklesslog.sequencers.sqlite_files.Presence` ends when the
+    object is gone: SQLite keeps a closed connection open (files, mapped ``-shm``) while
+    a statement of it is alive, and a statement lives as long as a cursor holding it."""
+
+    __slots__ = ("__weakref__",)
+
+
 class _Connection:
-    """A thread's connection; a weak-referenceable holder, so :meth:`close` finds every
-    open one while a finished thread's connection is still freed with its thread.
+    """A thread's connection; a weak-referenceable holder, so
+    :meth:`SqliteSequencer.close` finds every open one, and a finished thread's
+    connection is closed with its thread (a finalizer: the connection refers to itself
+    through its statement cache, so merely dropping it would leave it open, files and
+    all, until a garbage collection).
 
     ``lock`` is held for the whole of each transaction, and :meth:`SqliteSequencer.close`
     takes it before closing: closing a connection another thread is using crashes the
     process (SQLite frees memory that thread is still reading).
     """
 
-    __slots__ = ("__weakref__", "closed", "db", "lock")
+    __slots__ = ("__weakref__", "_close_db", "db", "lock")
 
     def __init__(self, db: sqlite3.Connection) -> None:
-        self.db = db
+        self.db: sqlite3.Connection | None = db  # None once closed
         self.lock = threading.RLock()
-        self.closed = False
+        self._close_db = weakref.finalize(self, _close_connection, db, os.getpid())
+        self._close_db.atexit = False
+
+    def close(self) -> None:
+        """Close the connection (once) and let go of it, so that it is gone as soon as
+        no cursor holds it any more."""
+        self.db = None
+        self._close_db()
+
+
+def _close_connection(db: sqlite3.Connection, pid: int) -> None:
+    """Close a holder's connection, unless this is a fork child: there it is inherited,
+    kept referenced and never used nor closed (closing it could break the parent's
+    locks)."""
+    if os.getpid() != pid:
+        _INHERITED.append(db)
+        return
+    with contextlib.suppress(*_ERRORS):
+        db.close()
 
 
 _LIVE: weakref.WeakSet[SqliteSequencer] = weakref.WeakSet()
-_INHERITED: list[_Connection] = []  # connections a fork child must neither use nor close
+_INHERITED: list[object] = []  # connections a fork child must neither use nor close
 
 
 def _after_fork_in_child() -> None:
@@ -319,6 +376,7 @@ class SqliteSequencer(Sequencer):
         synchronous: str = "normal",
         timeout: float = 30.0,
         clock: Clock = time.time,
+        existing: bool = False,
     ) -> None:
         if synchronous not in SYNCHRONOUS_MODES:
             raise ConfigError(f"synchronous={synchronous!r} is unknown; use normal or full")
@@ -328,6 +386,7 @@ class SqliteSequencer(Sequencer):
         self.synchronous = synchronous
         self.timeout = float(timeout)
         self._clock = clock
+        self._existing = existing
         query = "" if synchronous == "normal" else f"?synchronous={synchronous}"
         if self.timeout != 30.0:
             query += ("&" if query else "?") + f"timeout={self.timeout:g}"
@@ -336,6 +395,11 @@ class SqliteSequencer(Sequencer):
         self._local = threading.local()
         self._connections: weakref.WeakSet[_Connection] = weakref.WeakSet()
         self._closed = False
+        self._presence: Presence | None = None
+        self._wal = self.path + "-wal"
+        self._restart_after = 0.0  # monotonic time before which _bound_wal does not try
+        self._restart_pause = _RESTART_PAUSES[0]
+        self._writes = 0  # write transactions (not exact across threads: a pacer only)
         self._states = StateCache(self.path)
         self._damage: str | None = None  # what the first integrity check after damage found
         parent = os.path.dirname(self.path)
@@ -343,19 +407,35 @@ class SqliteSequencer(Sequencer):
             os.makedirs(parent, exist_ok=True)
         except OSError as exc:
             raise SequencerError(f"cannot create the directory of {self.path}: {exc}") from exc
+        if existing and not os.path.exists(self.path):
+            raise self._lost("is missing")
         size = _file_size(self.path)
+        if existing and size == 0 and _file_size(self.path + "-wal") == 0:
+            raise self._lost("is empty")  # before SQLite writes a header into it
         if 0 < size < 512:  # SQLite would take a file this short for a new, empty one
             raise CorruptDataError(
                 f"the file holds {size} bytes, fewer than any SQLite database: it was cut "
                 "short, or is not a database",
                 source=self.path,
             )
+        self._presence = open_presence(self.path, self.timeout)
         _LIVE.add(self)
         try:
             self._prepare_schema()
         except BaseException:
             self.close()
             raise
+
+    def _lost(self, what: str) -> DataLossError:
+        """The error for a database that must exist (``existing``) but is missing or
+        empty: a new one would hand out the log's offsets from 0 again."""
+        return DataLossError(
+            f"the sequencer database {what}, but the log it belongs to exists: the "
+            "location of every batch, and which offsets were handed out, went with it. "
+            "Nothing was created; restore it from a backup (see 'A damaged sequencer "
+            "database' in docs/operations.md)",
+            source=self.path,
+        )
 
     def __repr__(self) -> str:
         return f"SqliteSequencer({self.url})"
@@ -369,52 +449,70 @@ class SqliteSequencer(Sequencer):
         return holder
 
     def _connect(self) -> _Connection:
-        if self._closed:
-            raise LogClosedError(f"{self!r} was closed")
+        db = self._open_db(
+            isolation_level=None,  # we issue BEGIN/COMMIT ourselves
+            check_same_thread=False,  # close() may run in another thread
+            cached_statements=256,
+        )
+        holder = _Connection(db)
         try:
-            db = sqlite3.connect(
-                self.path,
-                timeout=self.timeout,
-                isolation_level=None,  # we issue BEGIN/COMMIT ourselves
-                check_same_thread=False,  # close() may run in another thread
-                cached_statements=256,
-            )
             # Both values come from SYNCHRONOUS_MODES: no user text reaches the SQL.
             db.execute(f"PRAGMA synchronous = {self.synchronous.upper()}")
             db.execute(f"PRAGMA wal_autocheckpoint = {_AUTOCHECKPOINT_PAGES}")
             db.execute(f"PRAGMA journal_size_limit = {_WAL_SIZE_LIMIT}")
         except _ERRORS as exc:
+            holder.close()
             raise self._error(exc) from exc
-        holder = _Connection(db)
         with self._lock:
             if self._closed:
-                db.close()
+                holder.close()
                 raise LogClosedError(f"{self!r} was closed")
             self._connections.add(holder)
         self._local.connection = holder
         return holder
 
+    def _open_db(self, **options: Any) -> sqlite3.Connection:
+        """A new connection, counted in the sequencer's presence until it is gone."""
+        presence = self._presence
+        if self._closed or presence is None or not presence.enter():
+            raise LogClosedError(f"{self!r} was closed")
+        try:
+            db = sqlite3.connect(self.path, timeout=self.timeout, factory=_Database, **options)
+        except BaseException as exc:
+            presence.leave()
+            if isinstance(exc, _ERRORS):
+                raise self._error(exc) from exc
+            raise
+        weakref.finalize(db, presence.leave).atexit = False
+        return db
+
     def _forget_connections(self) -> None:
-        """In a fork child: keep the inherited connections referenced, unused, unclosed."""
+        """In a fork child: keep the inherited connections referenced, unused, unclosed
+        (and so the lock on the database shared with the parent)."""
         _INHERITED.extend(self._connections)
         self._connections = weakref.WeakSet()
         self._local = threading.local()
         self._lock = threading.Lock()
+        if self._presence is not None:
+            self._presence.after_fork()
 
     def close(self) -> None:
         """Close every thread's connection, each once its current transaction (if any)
         has finished; later calls raise LogClosedError. Idempotent, and safe while other
-        threads are still using the sequencer."""
+        threads are still using the sequencer. When the last connection to the database
+        (in any process) closes, SQLite copies the write-ahead log into the database and
+        deletes the ``-wal`` and ``-shm`` files."""
         with self._lock:
             self._closed = True
             holders = list(self._connections)
             self._connections = weakref.WeakSet()
+            presence, self._presence = self._presence, None
         for holder in holders:
             with holder.lock:
-                holder.closed = True
-                with contextlib.suppress(*_ERRORS):
-                    holder.db.close()
+                holder.close()
         _LIVE.discard(self)
+        if presence is not None:
+            presence.leave()
 
     @contextlib.contextmanager
     def _transaction(self, begin: str) -> Iterator[sqlite3.Connection]:
@@ -423,9 +521,9 @@ class SqliteSequencer(Sequencer):
         exception rolls back, so nothing of a failed call is applied."""
         holder = self._holder()
         with holder.lock:
-            if holder.closed or self._closed:
-                raise LogClosedError(f"{self!r} was closed")
             db = holder.db
+            if db is None or self._closed:
+                raise LogClosedError(f"{self!r} was closed")
             self._begin(db, begin)
             try:
                 yield db
@@ -444,6 +542,53 @@ class SqliteSequencer(Sequencer):
             except _ERRORS as exc:
                 self._rollback(db)
                 raise self._error(exc) from exc
+            if begin == _WRITE:
+                self._writes += 1
+                if not self._writes % _WAL_CHECK_EVERY and _file_size(self._wal) > _WAL_SIZE_LIMIT:
+                    self._bound_wal(db)
+
+    def _bound_wal(self, db: sqlite3.Connection) -> None:
+        """Have the write-ahead log start over, as its automatic checkpoints cannot
+        while it is in use. They copy it into the database, but only a writer that finds
+        it all copied and no reader in it reuses it from the beginning, and with other
+        writers and readers always at work that moment never came: the log grew to
+        gigabytes in seconds (docs/sequencers.md). ``PRAGMA wal_checkpoint(RESTART)``
+        takes the write lock, copies the rest, and waits for the readers still in the
+        log (new ones read the database file), so the next commit starts it over (and
+        cuts the file back to :data:`_WAL_SIZE_LIMIT`). Every committer that finds the
+        log past that size tries, for up to :data:`_RESTART_WAIT` until one has done it,
+        so the others keep off the write lock meanwhile. A try can wait in vain (readers
+        arriving as fast as they leave hold on to the log): then it pauses, longer after
+        each failure (:data:`_RESTART_PAUSES`), so that such readers cost writers little.
+        The commit already succeeded: a failure here is logged, never raised."""
+        now = time.monotonic()
+        if now < self._restart_after:
+            return
+        deadline = now + _RESTART_WAIT
+        delay = _LOCK_RETRY_FIRST
+        try:
+            while True:
+                wait_ms = max(1, int((deadline - time.monotonic()) * 1000))
+                db.execute(f"PRAGMA busy_timeout = {wait_ms}")
+                busy, frames, _ = db.execute("PRAGMA wal_checkpoint(RESTART)").fetchone()
+                if not busy:
+                    self._restart_pause = _RESTART_PAUSES[0]
+                    return
+                if frames != -1 or time.monotonic() >= deadline:  # it ran and waited in vain
+                    self._pause_restarts()
+                    return
+                time.sleep(delay)  # another connection holds the checkpoint lock
+                delay = min(delay * 2, _LOCK_RETRY_MAX)
+        except _ERRORS as exc:
+            log.warning("%s: could not checkpoint the write-ahead log: %s", self._wal, exc)
+            self._pause_restarts()
+        finally:
+            with contextlib.suppress(*_ERRORS):
+                db.execute(f"PRAGMA busy_timeout = {int(self.timeout * 1000)}")
+
+    def _pause_restarts(self) -> None:
+        self._restart_after = time.monotonic() + self._restart_pause
+        self._restart_pause = min(self._restart_pause * 2, _RESTART_PAUSES[1])
 
     def _begin(self, db: sqlite3.Connection, begin: str) -> None:
         """Start a transaction. Writers wait for the write lock with short, jittered
@@ -511,11 +656,11 @@ class SqliteSequencer(Sequencer):
         if self._damage is None:
             self._damage = ""
             try:
-                with contextlib.closing(sqlite3.connect(self.path, timeout=self.timeout)) as db:
+                with contextlib.closing(self._open_db()) as db:
                     found = [str(row[0]) for row in db.execute("PRAGMA quick_check(5)")]
                 if found != ["ok"]:
                     self._damage = "; PRAGMA quick_check found: " + " | ".join(found)
-            except _ERRORS as exc:
+            except (*_ERRORS, DisklessLogError) as exc:
                 self._damage = f"; PRAGMA quick_check failed: {exc}"
         return self._damage
 
@@ -565,6 +710,8 @@ class SqliteSequencer(Sequencer):
                 return
         with self._transaction(_WRITE) as db:
             version = schema_version(db, self.path)
+            if version == 0 and self._existing:
+                raise self._lost("holds no tables")  # rolls back: nothing is created
             if 0 < version < SCHEMA_VERSION:
                 self._check_file(db, "integrity_check")
             migrate(db, self.path, version)
@@ -579,7 +726,10 @@ class SqliteSequencer(Sequencer):
         with holder.lock:
             while True:
                 try:
-                    return str(holder.db.execute("PRAGMA journal_mode = WAL").fetchone()[0])
+                    db = holder.db
+                    if db is None:
+                        raise LogClosedError(f"{self!r} was closed")
+                    return str(db.execute("PRAGMA journal_mode = WAL").fetchone()[0])
                 except sqlite3.OperationalError as exc:
                     if _is_busy(exc) and time.monotonic() < deadline:
                         time.sleep(delay)
