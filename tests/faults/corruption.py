@@ -111,11 +111,13 @@ REQUIRED = {
     "transaction-record",
     "stream-config",
     "tier-segment",
+    "postgres-row",
 }
 """The kinds issue 14 lists (segments, offset and time indexes, state records,
 manifests, notes/progress files, data objects, sequencer entries, checkpoints, SQLite
-rows, cache files) and the other metadata files every local log has. PostgreSQL rows
-are damaged by SQL in ``test_corruption.py``."""
+and PostgreSQL rows, cache files) and the other metadata files every local log has.
+PostgreSQL rows are not files: :mod:`tests.faults.rows` damages them by SQL, and
+catalogues the tables of their schema itself."""
 
 _COMPILED = [(re.compile(pattern), kind) for pattern, kind in CATALOGUE]
 
@@ -237,13 +239,20 @@ def build_local(root: Path) -> Subject:
     return Subject("local", root, ("local", "tier"), opener, alternatives=[held])
 
 
-def build_objects(root: Path, sequencer: str) -> Subject:
+def build_objects(
+    root: Path, sequencer: str, url: str | None = None, *, more_rounds: int = 0
+) -> Subject:
     """An object log on ``file://``: WAL, merged, compacted and staged objects, with the
-    SQLite or the object-store sequencer (entries and checkpoints), and a disk cache."""
+    SQLite or the object-store sequencer (entries and checkpoints), or the PostgreSQL
+    sequencer at ``url`` (``sequencer="postgres"``: its rows live on the server).
+    ``more_rounds``: commits per stream added at the end (the SQL sequencers write a
+    time-index entry every 16 batches of a stream)."""
     name = f"objects-{sequencer}"
     path = root / name
-    url = f"file://{path}"
     options: dict[str, Any] = {"backend": "objects", "cache": None}
+    if sequencer == "postgres":
+        assert url is not None, "the PostgreSQL sequencer needs its URL"
+        options["sequencer"] = url
     owned: ObjectStoreSequencer | None = None
     if sequencer == "objectstore":
         import fsspec
@@ -251,7 +260,7 @@ def build_objects(root: Path, sequencer: str) -> Subject:
         fs = fsspec.filesystem("file", auto_mkdir=True)
         owned = ObjectStoreSequencer(fs, f"{path}/_sequencer", checkpoint_every=6)
         options["sequencer"] = owned
-    log = disklesslog.open(url, **options)
+    log = disklesslog.open(f"file://{path}", **options)
     for stream in STREAMS:
         config: dict[str, Any] = {"segment_bytes": 1024}
         if stream == "c":
@@ -269,7 +278,7 @@ def build_objects(root: Path, sequencer: str) -> Subject:
     stager.append_batch("a", [b"txn-1", b"txn-2"], timestamps=T0 + 5)
     stager.append_batch("b", [b"txn-3"], timestamps=T0 + 6)
     log.commit_transaction("txn-done", [stager.finish()])
-    _fill(log, 2, 3, serial=serial)
+    _fill(log, 2 + more_rounds, 3, serial=serial)
     log.close()
     if owned is not None:
         owned.close()
@@ -278,6 +287,8 @@ def build_objects(root: Path, sequencer: str) -> Subject:
         extra: dict[str, Any] = {"backend": "objects", "cache": None}
         if sequencer == "objectstore":
             extra["sequencer"] = "objectstore://"
+        elif sequencer == "postgres":
+            extra["sequencer"] = url
         return disklesslog.open(f"file://{root_ / name}", **extra)
 
     return Subject(name, root, (name,), opener)
@@ -493,7 +504,7 @@ def fuzz(
                 _observe_in_child(subject, per_copy, kind)
             else:
                 run_observations(subject, per_copy, kind)
-            outcome = _worst(per_copy)
+            outcome = worst(per_copy)
             ledger.add(
                 f"{kind}",
                 outcome,
@@ -543,7 +554,8 @@ def _observe_in_child(subject: Subject, per_copy: Ledger, kind: str) -> None:
         per_copy.examples[tuple(key)] = found
 
 
-def _worst(per_copy: Ledger) -> str:
+def worst(per_copy: Ledger) -> str:
+    """A copy's outcome: the worst outcome of its observations."""
     outcomes = {o for (_, o), n in per_copy.counts.items() if n}
     for outcome in (VIOLATION, *[b for b in BAD if b != VIOLATION], TYPED, REPAIRED):
         if outcome in outcomes:
@@ -563,4 +575,5 @@ __all__ = [
     "fuzz",
     "kind_of",
     "run_observations",
+    "worst",
 ]
