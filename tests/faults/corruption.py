@@ -85,6 +85,7 @@ CATALOGUE: list[tuple[str, str]] = [
     (r"^objects-[a-z]+/disklesslog-meta\.db$", "sqlite-database"),
     (r"^objects-[a-z]+/disklesslog-meta\.db-wal$", "sqlite-wal"),
     (r"^objects-[a-z]+/disklesslog-meta\.db-shm$", "sqlite-shm"),
+    (r"^objects-[a-z]+/disklesslog-meta\.db-lock$", "lock-file"),  # flock only, never read
     (r"^objects-[a-z]+/_sequencer/log/\d{20}$", "sequencer-entry"),
     (r"^objects-[a-z]+/_sequencer/checkpoints/\d{20}-\d{13}$", "sequencer-checkpoint"),
     (r"^cache/.+$", "cache-block"),
