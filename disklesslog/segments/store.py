@@ -115,6 +115,27 @@ class _Cut(NamedTuple):
     header: bytes
 
 
+class _Unroll(NamedTuple):
+    """A failed append spread over segments whose state record could not be written
+    back at once (:meth:`StreamStore._unroll`): ``restore`` (the record from before the
+    append, with a new generation) is written back, and then ``cut`` made, if the record
+    still names one of the append's segments, that segment is at most as long as the
+    append may have left it (``bounds``: base and size), and the start offset is still
+    ``start_offset``; otherwise another process built on the append's records since."""
+
+    restore: bytes
+    start_offset: int
+    bounds: tuple[tuple[int, int], ...]
+    cut: _Cut | None
+
+
+_PENDING: dict[str, _Cut | _Unroll] = {}
+"""What this process owes to take failed appends back, by stream directory (absolute
+path). Kept here rather than on the store: it outlives a store that failed to make it
+(its log was closed, and closing failed too), so a log this process opens again at the
+same path makes it before anything else."""
+
+
 class Snapshot(NamedTuple):
     """A consistent view for one read: extent plus each segment and the byte end to read."""
 
@@ -158,7 +179,7 @@ class StreamStore:
         # A failure left this process's view and the files apart (an append taken back,
         # a roll or trim cut short): the next call runs recovery first (see _refresh).
         self._broken = False
-        self._cut: _Cut | None = None
+        self._key = os.path.abspath(directory)  # in _PENDING
         self._segments: list[Segment] = []
         self._active_fd = -1
         self._state = StreamState()
@@ -273,9 +294,14 @@ class StreamStore:
         that the bytes of a failed append that could not be cut then are cut first.
         Until a recovery completes, every call on the stream runs it again.
         """
-        if self._cut is not None:
-            self._apply_cut(self._cut)
-            self._cut = None
+        pending = _PENDING.get(self._key)
+        if pending is not None:
+            if isinstance(pending, _Unroll):
+                self._apply_unroll(pending)
+            else:
+                self._apply_cut(pending)
+            if _PENDING.get(self._key) is pending:
+                del _PENDING[self._key]
         raw = os.pread(self._lock_fd, STATE_SIZE, 0)
         copy, copy_exists = read_state_copy(self.directory)
         state = self._agreed_state(StreamState.decode(raw), copy, copy_exists)
@@ -843,17 +869,21 @@ class StreamStore:
         state, start, offset = self._state, first.size, first.end_offset
         runs = _runs(batches, first.size, first.first_timestamp, self.config)
         bases: list[int] = []
+        bounds: dict[int, int] = {}  # each segment the group reaches: the most it may fill
         reached = 0
         try:
             for reached, run in enumerate(runs):
                 if reached:
+                    bounds[self._segments[-1].end_offset] = 0  # the roll's new segment
                     self._roll()
+                active = self._segments[-1]
+                total = sum(ENTRY_PREFIX_SIZE + batch.size for batch in run)
+                bounds[active.base] = active.size + total
                 if run:
-                    total = sum(ENTRY_PREFIX_SIZE + batch.size for batch in run)
-                    bases += self._write_group(self._segments[-1], run, total)
+                    bases += self._write_group(active, run, total)
         except BaseException:
             if reached:
-                self._unroll(state, first, start, offset, batches[0].header)
+                self._unroll(state, first, start, offset, batches[0].header, bounds)
             raise
         return bases
 
@@ -913,7 +943,7 @@ class StreamStore:
         """Cutting a failed append off failed: mark its first entry corrupt, and have
         this process's next recovery cut it (:meth:`_take_back`)."""
         self._broken = True
-        self._cut = cut
+        _PENDING[self._key] = cut
         path = self.directory / segment_name(cut.base, LOG_SUFFIX)
         marked = _poison(path, cut.position)
         log.error(
@@ -935,36 +965,38 @@ class StreamStore:
         start: int,
         offset: int,
         header: bytes | memoryview,
+        bounds: dict[int, int],
     ) -> None:
         """Take back a group that failed after it rolled past ``first`` (the active
         segment when it began, then ``start`` bytes long and ending at ``offset``;
-        ``state`` the record then; ``header`` the group's first batch header).
+        ``state`` the record then; ``header`` the group's first batch header; ``bounds``
+        the segments it reached, each with the most bytes it may have left there).
 
         ``state`` is written back with a new generation: ``first`` is the active segment
         again, and the segments after it are leftovers of an interrupted roll, which
         recovery (run next, the store is broken) removes. Then ``first`` is cut back to
-        ``start``, or marked to be (:meth:`_cut_later`). If even the state record cannot
-        be written back, the group's runs stay, and that is logged as the error it is.
+        ``start``, or marked to be (:meth:`_cut_later`). If the state record cannot be
+        written back, this process's next recovery does both first (:class:`_Unroll`).
         """
         self._broken = True
-        raw = replace(state, generation=random.getrandbits(62)).encode()
+        cut = _Cut(first.base, start, first.size, bytes(header)) if first.size > start else None
+        restore = replace(state, generation=random.getrandbits(62)).encode()
         try:
-            named = os.pwrite(self._lock_fd, raw, 0) == len(raw)
-        except OSError:
-            named = False
-        if not named:
+            self._restore_state(restore)
+        except OSError as exc:
+            _PENDING[self._key] = _Unroll(restore, state.start_offset, tuple(bounds.items()), cut)
             log.error(
-                "stream %r: a failed append rolled past segment %d and could not be taken "
-                "back; its records from offset %d on stay",
+                "stream %r: could not take back a failed append that rolled past segment %d "
+                "(%s); this process does at its next call on the stream (other processes "
+                "may read its records from offset %d meanwhile, and they stay if this "
+                "process ends first)",
                 self.name,
                 first.base,
+                exc,
                 offset,
             )
             return
-        if self.durable:
-            with contextlib.suppress(OSError):  # recovery syncs the record again
-                os.fsync(self._lock_fd)
-        if first.size == start:  # the group began in a new segment
+        if cut is None:  # the group began in a new segment
             return
         try:
             fd = os.open(first.log_path, os.O_WRONLY)
@@ -973,7 +1005,39 @@ class StreamStore:
             finally:
                 close_quietly(fd)
         except OSError as exc:
-            self._cut_later(_Cut(first.base, start, first.size, bytes(header)), exc)
+            self._cut_later(cut, exc)
+
+    def _restore_state(self, raw: bytes) -> None:
+        """Write back the state record ``raw`` of before a failed append (lock held)."""
+        if os.pwrite(self._lock_fd, raw, 0) != len(raw):
+            raise OSError(f"short write to {self.directory / STATE}")
+        if self.durable:
+            with contextlib.suppress(OSError):  # recovery syncs the record again
+                os.fsync(self._lock_fd)
+
+    def _apply_unroll(self, unroll: _Unroll) -> None:
+        """Take back a failed append spread over segments that :meth:`_unroll` could not
+        (lock held, before recovery), if nothing was built on it since (see
+        :class:`_Unroll`); if something was, its records stay, logged as the error it is."""
+        state = StreamState.decode(os.pread(self._lock_fd, STATE_SIZE, 0))
+        bound = None if state is None else dict(unroll.bounds).get(state.active_segment)
+        if (
+            state is None
+            or bound is None
+            or state.deleted
+            or state.start_offset != unroll.start_offset
+            or _file_identity(self.directory / segment_name(state.active_segment, LOG_SUFFIX))[1]
+            > bound
+        ):
+            log.error(
+                "stream %r: the records of a failed append stay: the stream changed before "
+                "they could be taken back",
+                self.name,
+            )
+            return
+        self._restore_state(unroll.restore)
+        if unroll.cut is not None:
+            self._apply_cut(unroll.cut)
 
     def _apply_cut(self, cut: _Cut) -> None:
         """Cut a failed append's bytes that :meth:`_take_back` could not cut (lock held,

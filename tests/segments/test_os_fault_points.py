@@ -304,6 +304,93 @@ def test_a_writer_flush_beyond_segment_bytes_is_all_or_nothing(
     assert [p.name for p in (root / "streams" / "s").glob("*.log")] == [Path(first).name]
 
 
+@pytest.mark.parametrize("close_fails", [False, True])
+def test_a_flush_beyond_segment_bytes_is_taken_back_when_restoring_the_state_fails(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, close_fails: bool
+) -> None:
+    """As above, and writing the state record back fails too: the rolls stayed, so the
+    first segment's share and the segments after it were read as records. Now the next
+    call on the stream takes the flush back first; and if that fails as well, while the
+    log closes (``close_fails``), a log opened again in this process does."""
+    root = tmp_path / "log"
+    options = {"segment_bytes": 1024, "max_batch_bytes": 1024, "max_record_bytes": 900}
+    with disklesslog.open(root, fsync="never", **options) as log:
+        stream = log.stream("s")
+        stream.append(b"first")
+        first = Path(active_log(root)).name
+        state_fd = store_of(log)._lock_fd
+        failed: list[int] = []
+        real_writev = os.writev
+
+        def second_fails(fd: int, parts: list[bytes]) -> int:
+            if len(failed) < 2:
+                failed.append(fd)
+            if len(failed) == 2:
+                raise OSError(errno.ENOSPC, "injected")
+            return int(real_writev(fd, parts))
+
+        monkeypatch.setattr(os, "writev", second_fails)
+        restores = fail(
+            monkeypatch, "pwrite", lambda fd, *rest: len(failed) == 2 and fd == state_fd
+        )
+        writer = log.writer(linger_ms=60_000)
+        for i in range(8):
+            writer.append("s", b"%03d" % i + b"x" * 300)
+        with pytest.raises(StorageError):
+            writer.close()
+        monkeypatch.setattr(os, "writev", real_writev)
+        assert restores
+        if close_fails:  # the state record cannot even be read when the log closes
+            reads = fail(monkeypatch, "pread", lambda fd, *rest: fd == state_fd)
+            with pytest.raises(StorageError):
+                log.close()
+            assert reads
+        else:
+            assert values(stream) == [b"first"]
+            assert stream.append(b"next") == 1
+    expected = [b"first"] if close_fails else [b"first", b"next"]
+    assert reopened(root, **options) == expected
+    assert [p.name for p in (root / "streams" / "s").glob("*.log")] == [first]
+
+
+def test_a_pending_cut_is_made_by_the_log_opened_again_after_closing_failed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The cut and the mark of a failed append fail, then so does closing the log:
+    the cut is owed by the process, not by the closed log, so opening the log again
+    makes it before reading anything (the bytes are a complete, valid entry)."""
+    root = tmp_path / "log"
+    log = disklesslog.open(root, fsync="never")
+    stream = log.stream("s")
+    stream.append(b"a")
+    path = str(active_log(root))
+    state_fd = store_of(log)._lock_fd
+    real_writev = os.writev
+    written: list[int] = []
+
+    def then_fails(fd: int, parts: list[bytes]) -> int:
+        written.append(int(real_writev(fd, parts)))
+        raise OSError(errno.EIO, "injected")  # after writing it all
+
+    monkeypatch.setattr(os, "writev", then_fails)
+    hits = [
+        fail(monkeypatch, "ftruncate"),
+        fail(monkeypatch, "open", writing(path)),
+    ]
+    with pytest.raises(StorageError):
+        stream.append(b"b")
+    monkeypatch.setattr(os, "writev", real_writev)
+    assert written and all(hits)
+    reads = fail(monkeypatch, "pread", lambda fd, *rest: fd == state_fd)
+    with pytest.raises(StorageError):
+        log.close()
+    assert reads
+    with disklesslog.open(root, fsync="never") as again:
+        assert values(again.stream("s")) == [b"a"]
+        assert again.stream("s").append(b"c") == 1
+    assert reopened(root) == [b"a", b"c"]
+
+
 # -------------------------------------------------------------- rolls and trims
 
 
