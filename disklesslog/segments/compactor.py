@@ -52,7 +52,13 @@ from ..maintenance.compaction import (
 from ..maintenance.report import MaintenanceReport, Progress
 from ..records import RecordBatch
 from . import swap
-from .layout import INDEX_SUFFIX, TIMEINDEX_SUFFIX, fsync_directory, segment_name
+from .layout import (
+    INDEX_SUFFIX,
+    TIMEINDEX_SUFFIX,
+    close_quietly,
+    fsync_directory,
+    segment_name,
+)
 from .segment import DECODE, ENTRY_PREFIX, ENTRY_PREFIX_SIZE, Segment, SegmentReplaced, iter_entries
 from .store import StreamStore
 
@@ -316,7 +322,7 @@ def _batches(seg: Segment, size: int, config: StreamConfig) -> Iterator[RecordBa
                 source=str(seg.log_path),
             )
     finally:
-        os.close(fd)
+        close_quietly(fd)  # read only
 
 
 def _scan(seg: Segment, size: int, config: StreamConfig, key_map: KeyMap, cutoff: int) -> _Scan:

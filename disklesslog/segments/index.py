@@ -22,6 +22,7 @@ from operator import le, lt
 from pathlib import Path
 
 from ..format import crc32c
+from .layout import close_quietly
 
 __all__ = ["HEADER", "OFFSET_ENTRY", "TIME_ENTRY", "SparseIndex"]
 
@@ -138,7 +139,7 @@ class SparseIndex:
             size = (count - self._disk) * self._entry.size
             data = os.pread(fd, size, HEADER.size + self._disk * self._entry.size)
         finally:
-            os.close(fd)
+            close_quietly(fd)  # read only
         if len(data) != size or crc32c(data, self._disk_crc) != crc:
             return False
         return self._extend(data, max_key=max_key, max_value=max_value)
@@ -243,4 +244,4 @@ class SparseIndex:
         try:
             os.fsync(fd)
         finally:
-            os.close(fd)
+            close_quietly(fd)  # opened to fsync, which succeeded or raised

@@ -305,13 +305,22 @@ def clean_staging(root: Path) -> None:
                     os.unlink(entry.path)
 
 
+def close_quietly(fd: int) -> None:
+    """Close a descriptor whose close cannot lose anything: one opened to read or to
+    lock, a duplicate, or one dropped because something else failed. ``close(2)``
+    releases the descriptor even when it reports an error, so there is nothing to retry
+    (and closing the number again could close another thread's new descriptor)."""
+    with contextlib.suppress(OSError):
+        os.close(fd)
+
+
 def fsync_directory(path: Path) -> None:
     """Make a directory's entries (new, renamed, deleted files) durable."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
     finally:
-        os.close(fd)
+        close_quietly(fd)  # opened to fsync, which succeeded or raised
 
 
 def write_durably(root: Path, path: Path, data: bytes, *, sync: bool) -> None:
@@ -326,9 +335,10 @@ def write_durably(root: Path, path: Path, data: bytes, *, sync: bool) -> None:
                 f.flush()
                 os.fsync(f.fileno())
         os.replace(draft, path)
-    finally:
-        with contextlib.suppress(FileNotFoundError):
+    except BaseException:
+        with contextlib.suppress(OSError):  # else a leftover the next open cleans
             os.unlink(draft)
+        raise
     if sync:
         fsync_directory(path.parent)
 
@@ -350,4 +360,4 @@ def flocked(lock_path: Path) -> Iterator[None]:
         fcntl.flock(fd, fcntl.LOCK_EX)
         yield
     finally:
-        os.close(fd)  # releases the lock
+        close_quietly(fd)  # releases the lock

@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import functools
+import logging
 import os
 import shutil
 import threading
@@ -89,6 +90,8 @@ from .tiered import TieredReader, local_units, make_view
 from .transactions import SegmentStager
 
 __all__ = ["SegmentLog", "SegmentStream"]
+
+log = logging.getLogger("disklesslog")
 
 T = TypeVar("T")
 
@@ -165,7 +168,12 @@ class SegmentLog(AbstractLog):
         self._held = functools.partial(
             transactions.held_offset, transactions.pending_directory(root)
         )
-        transactions.recover(self)  # commits whose committer died: finished now
+        try:
+            transactions.recover(self)  # commits whose committer died: finished now
+        except BaseException:
+            with contextlib.suppress(Exception):  # the caller never gets this log to close
+                self.close()
+            raise
 
     @property
     def stream_defaults(self) -> StreamConfig:
@@ -196,7 +204,7 @@ class SegmentLog(AbstractLog):
         self._check_open()
         names = []
         for entry in os.scandir(self.path / STREAMS):
-            if entry.is_dir() and os.path.exists(os.path.join(entry.path, CONFIG)):
+            if entry.is_dir() and _exists(os.path.join(entry.path, CONFIG)):
                 with contextlib.suppress(Exception):
                     names.append(validate_stream_name(entry.name))
         return sorted(names)
@@ -493,7 +501,7 @@ class SegmentLog(AbstractLog):
         if not now and clock < self._tier_recheck:
             return False
         self._tier_recheck = clock + TIER_RECHECK_SECONDS
-        return os.path.exists(self.path / TIER_CONFIG)
+        return _exists(self.path / TIER_CONFIG)
 
     def _tiered_reader(self, *, required: bool = True) -> TieredReader | None:
         """The log's tier reads; configured on first need if another process started
@@ -700,12 +708,31 @@ class SegmentLog(AbstractLog):
         raise StreamNotFound(f"stream {name!r} was deleted while in use")
 
     def _sync_loop(self, interval: float) -> None:
+        """The fsync-interval thread. A stream whose sync fails is retried every interval
+        (its recovery point moves only once one succeeds); the failure is logged when it
+        starts and when it ends, and never stops the thread."""
+        failing: set[str] = set()
         while not self._stop.wait(interval):
             with self._lock:
-                stores = list(self._stores.values())
-            for store in stores:
-                with contextlib.suppress(StreamGone, OSError):
+                stores = list(self._stores.items())
+            for name, store in stores:
+                try:
                     store.sync()
+                except StreamGone:
+                    continue
+                except Exception as exc:
+                    if name not in failing:
+                        log.error(
+                            "stream %r: syncing its appends to disk failed (%s); they are "
+                            "not durable against an OS crash until a later sync succeeds",
+                            name,
+                            exc,
+                        )
+                    failing.add(name)
+                else:
+                    if name in failing:
+                        failing.discard(name)
+                        log.warning("stream %r: syncing to disk works again", name)
 
 
 @typed_os_errors(
@@ -930,6 +957,7 @@ class SegmentStream(Stream):
         return report
 
 
+@typed_os_errors(also=("_config_for",))
 class SegmentWriter(Writer):
     """A :class:`~disklesslog.writer.Writer` for local logs: each flush appends each
     stream's buffered batches under one lock acquisition (atomic per stream, not across)."""
@@ -968,6 +996,16 @@ class SegmentWriter(Writer):
             except Exception as exc:  # reported through the stream's futures
                 results.append(exc)
         return results
+
+
+def _exists(path: str | Path) -> bool:
+    """Whether ``path`` exists; unlike ``os.path.exists``, a failed ``stat`` (an I/O
+    error) raises rather than answering "no"."""
+    try:
+        os.stat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return False
+    return True
 
 
 def _append_to(batches: list[EncodedBatch], store: StreamStore) -> list[int]:

@@ -39,7 +39,7 @@ from typing import Any
 
 from ..errors import CorruptDataError
 from ..format import crc32c
-from .layout import fsync_directory
+from .layout import close_quietly, fsync_directory
 
 __all__ = [
     "COPYING",
@@ -333,7 +333,7 @@ def save(directory: Path, manifest: Manifest, *, sync: bool) -> None:
         if sync:
             os.fsync(fd)
     except BaseException:
-        os.close(fd)
+        close_quietly(fd)
         with contextlib.suppress(OSError):
             os.unlink(temporary)
         raise

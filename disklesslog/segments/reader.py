@@ -14,13 +14,13 @@ open stays readable (POSIX keeps an unlinked or replaced inode alive).
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Iterator
 from typing import Any
 
 from ..errors import CorruptDataError, OffsetOutOfRange
 from ..projection import COLUMNS, Part, Projection
 from ..records import RecordBatch, limit_records
+from .layout import close_quietly
 from .segment import DECODE, Entry, Segment, SegmentReplaced, iter_entries
 from .store import Snapshot, StreamStore
 
@@ -219,7 +219,7 @@ def _entries(
             yield first
             yield from entries
     finally:
-        os.close(fd)
+        close_quietly(fd)  # read only
 
 
 def _walk(

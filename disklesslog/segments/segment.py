@@ -38,7 +38,7 @@ from ..format import (
 from ..records import RecordBatch
 from . import loss
 from .index import OFFSET_ENTRY, TIME_ENTRY, SparseIndex
-from .layout import INDEX_SUFFIX, LOG_SUFFIX, TIMEINDEX_SUFFIX, segment_name
+from .layout import INDEX_SUFFIX, LOG_SUFFIX, TIMEINDEX_SUFFIX, close_quietly, segment_name
 
 __all__ = ["ENTRY_PREFIX", "ENTRY_PREFIX_SIZE", "Segment", "SegmentReplaced", "iter_entries"]
 
@@ -274,8 +274,13 @@ class Segment:
         describes. Raises :class:`SegmentReplaced` if compaction put another file at
         the path, ``FileNotFoundError`` if none is there (trimmed, or merged away)."""
         fd = os.open(self.log_path, os.O_RDONLY)
-        if self.inode and os.fstat(fd).st_ino != self.inode:
-            os.close(fd)
+        try:
+            replaced = self.inode and os.fstat(fd).st_ino != self.inode
+        except BaseException:
+            close_quietly(fd)
+            raise
+        if replaced:
+            close_quietly(fd)
             raise SegmentReplaced(str(self.log_path))
         return fd
 
@@ -336,7 +341,7 @@ class Segment:
         try:
             scan.walk(fd, self.size, mode=CHECK, max_batch_bytes=max_batch_bytes, persist=False)
         finally:
-            os.close(fd)
+            close_quietly(fd)  # read only
         if scan.end_offset != self.end_offset and not (scan.size == 0 and self.may_be_empty()):
             raise CorruptDataError(
                 f"segment ends at offset {scan.end_offset}, the next one starts at "

@@ -27,7 +27,7 @@ import logging
 import os
 import random
 import threading
-from bisect import bisect_right
+from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -56,6 +56,7 @@ from .layout import (
     STATE_COPY,
     STATE_SIZE,
     StreamState,
+    close_quietly,
     fsync_directory,
     list_segments,
     read_state_copy,
@@ -78,8 +79,11 @@ log = logging.getLogger("disklesslog")
 FSYNC_POLICIES = ("always", "interval", "never")
 _U32_MAX = (1 << 32) - 1
 _MAX_TS = (1 << 63) - 1
-_FDATASYNC = getattr(os, "fdatasync", os.fsync)
 _IOV_CHUNK = 512  # iovecs per writev, well under IOV_MAX (1024 on Linux)
+_POISON = b"\xff" * ENTRY_PREFIX_SIZE
+"""Written over the base offset of a failed append's first entry when the append cannot
+be cut off: no offset is 2**64 - 1, so the entry breaks the chain of base offsets, and a
+corrupt entry after the recovery point is a leftover that recovery cuts."""
 
 
 class StreamGone(Exception):
@@ -97,6 +101,39 @@ class Repair(NamedTuple):
 
     accept_data_loss: bool = False
     start_offset: int | None = None
+
+
+class _Cut(NamedTuple):
+    """The bytes of a failed append that could not be cut off at once (``ftruncate``
+    failed too): from byte ``position`` (at most to ``end``) of segment ``base``, the
+    first entry's batch header being ``header``. Recovery cuts them before anything else
+    happens, if they are still the last thing in the file (:meth:`StreamStore._apply_cut`)."""
+
+    base: int
+    position: int
+    end: int
+    header: bytes
+
+
+class _Unroll(NamedTuple):
+    """A failed append spread over segments whose state record could not be written
+    back at once (:meth:`StreamStore._unroll`): ``restore`` (the record from before the
+    append, with a new generation) is written back, and then ``cut`` made, if the record
+    still names one of the append's segments, that segment is at most as long as the
+    append may have left it (``bounds``: base and size), and the start offset is still
+    ``start_offset``; otherwise another process built on the append's records since."""
+
+    restore: bytes
+    start_offset: int
+    bounds: tuple[tuple[int, int], ...]
+    cut: _Cut | None
+
+
+_PENDING: dict[str, _Cut | _Unroll] = {}
+"""What this process owes to take failed appends back, by stream directory (absolute
+path). Kept here rather than on the store: it outlives a store that failed to make it
+(its log was closed, and closing failed too), so a log this process opens again at the
+same path makes it before anything else."""
 
 
 class Snapshot(NamedTuple):
@@ -139,6 +176,10 @@ class StreamStore:
         self._mutex = threading.RLock()
         self._closed = False
         self._unsynced = False
+        # A failure left this process's view and the files apart (an append taken back,
+        # a roll or trim cut short): the next call runs recovery first (see _refresh).
+        self._broken = False
+        self._key = os.path.abspath(directory)  # in _PENDING
         self._segments: list[Segment] = []
         self._active_fd = -1
         self._state = StreamState()
@@ -198,7 +239,8 @@ class StreamStore:
         """Write the state record; with ``copy`` (the start offset or the active segment
         changed) then its copy too, so damage to either file cannot lose them."""
         raw = state.encode()
-        os.pwrite(self._lock_fd, raw, 0)
+        if os.pwrite(self._lock_fd, raw, 0) != len(raw):
+            raise OSError(f"short write to {self.directory / STATE}")
         if sync:
             os.fsync(self._lock_fd)
         self._state, self._state_raw = state, raw
@@ -225,7 +267,9 @@ class StreamStore:
         )
 
     def _remove_segment_files(self, base: int) -> None:
-        for suffix in SEGMENT_FILES:
+        # The .log goes last: a failure leaves it, so recovery (which lists .log files)
+        # finds the segment and removes it again with everything beside it.
+        for suffix in reversed(SEGMENT_FILES):
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(self.directory / segment_name(base, suffix))
 
@@ -245,8 +289,19 @@ class StreamStore:
         Deletes leftovers of a crashed roll (segments newer than the active one) or
         trim (closed segments below the start offset), verifies the active segment from
         the recovery point, truncates a torn or corrupt tail, and records the new
-        recovery point.
+        recovery point. Also what this process runs after a failure of its own left its
+        view and the files apart (``_broken``): a failure is treated as a crash, except
+        that the bytes of a failed append that could not be cut then are cut first.
+        Until a recovery completes, every call on the stream runs it again.
         """
+        pending = _PENDING.get(self._key)
+        if pending is not None:
+            if isinstance(pending, _Unroll):
+                self._apply_unroll(pending)
+            else:
+                self._apply_cut(pending)
+            if _PENDING.get(self._key) is pending:
+                del _PENDING[self._key]
         raw = os.pread(self._lock_fd, STATE_SIZE, 0)
         copy, copy_exists = read_state_copy(self.directory)
         state = self._agreed_state(StreamState.decode(raw), copy, copy_exists)
@@ -292,6 +347,7 @@ class StreamStore:
                 "stream %r: rewriting %s, which was damaged or behind", self.name, STATE_COPY
             )
         self._write_state(new, sync=self._fsync != "never", copy=stale)
+        self._broken = False
 
     def _agreed_state(
         self, state: StreamState | None, copy: StreamState | None, copy_exists: bool
@@ -426,11 +482,11 @@ class StreamStore:
     ) -> None:
         """Switch this process's view to a new segment list, active file and state, all
         at once (so a failure while building them leaves the old view intact)."""
-        if self._active_fd >= 0 and self._active_fd != fd:
-            os.close(self._active_fd)
-        self._active_fd = fd
+        old, self._active_fd = self._active_fd, fd
         self._segments = [*closed, active]
         self._state, self._state_raw = state, raw
+        if old >= 0 and old != fd:
+            os.close(old)  # gone even if this fails: never closed again
 
     def _closed_segments(
         self, bases: list[int], state: StreamState, *, locked: bool, verify: bool = False
@@ -500,7 +556,7 @@ class StreamStore:
                 seg, fd, size, rp, rp_offset, locked=locked, write_index=recovering
             )
         except BaseException:
-            os.close(fd)
+            close_quietly(fd)
             raise
         return seg, fd, truncated
 
@@ -539,7 +595,7 @@ class StreamStore:
         )
 
     def _load_active_indexes(self, seg: Segment, size: int, trusted: int, *, rewrite: bool) -> None:
-        """Load the active segment's indexes, keep the entries up to byte ``trusted``, and
+        """Load the active segment's indexes, keep the entries before byte ``trusted``, and
         position ``seg`` at the last kept entry (where scanning resumes).
 
         Entries past ``size`` belong to appends this process has not seen yet; they are
@@ -558,8 +614,8 @@ class StreamStore:
                 raise _NeedsLock
             log.warning("stream %r: rebuilding the indexes of %s", self.name, seg.log_path.name)
             keep = 0
-        else:
-            keep = bisect_right(seg.index.values, trusted)
+        else:  # an entry *at* the trusted point describes an entry not verified yet
+            keep = bisect_left(seg.index.values, trusted)
         pos, rel = (seg.index.values[keep - 1], seg.index.keys[keep - 1]) if keep else (0, 0)
         time_keep = bisect_right(seg.timeindex.values, rel) if keep else 0
         # Rewritten too when something follows the counted entries (a crash between an
@@ -634,7 +690,13 @@ class StreamStore:
     # ------------------------------------------------------------ catching up
 
     def _refresh(self, *, locked: bool) -> None:
-        """Catch up with what other processes did since this one last looked."""
+        """Catch up with what other processes did since this one last looked (after a
+        failure of this process's own, recover: see :meth:`_recover`)."""
+        if self._broken:
+            if not locked:
+                raise _NeedsLock
+            self._recover()
+            return
         raw = os.pread(self._lock_fd, STATE_SIZE, 0)
         if raw != self._state_raw:
             state = StreamState.decode(raw)
@@ -688,9 +750,12 @@ class StreamStore:
             return
         closed = self._closed_segments(bases, state, locked=locked, verify=verify)
         active, fd, _ = self._open_active(state, recovering=False, locked=locked)
-        if not locked and os.pread(self._lock_fd, STATE_SIZE, 0) != raw:
-            os.close(fd)
-            raise _NeedsLock
+        try:
+            if not locked and os.pread(self._lock_fd, STATE_SIZE, 0) != raw:
+                raise _NeedsLock
+        except BaseException:
+            close_quietly(fd)
+            raise
         self._install(state, raw, closed, active, fd)
 
     def _refresh_unlocked(self) -> None:
@@ -707,13 +772,14 @@ class StreamStore:
     ) -> list[int]:
         """Append encoded batches atomically; return their base offsets.
 
-        The batches go into one segment with one ``writev``; any failure truncates the
-        file back, so either all of them become visible or none. (Only a group larger
-        than ``segment_bytes`` is split across segments, batch by batch.) Durable per
-        the fsync policy when this returns. ``before(offset)`` is called under the
-        stream's lock with the offset the first batch will get, before anything is
-        written: a two-phase commit notes it to find out after a crash whether this
-        append happened.
+        The batches go into one segment with one ``writev``; only a group larger than
+        ``segment_bytes`` is placed across segments, as appending its batches one by one
+        would place them, one ``writev`` per segment. A failure after any byte was
+        written takes the whole append back (:meth:`_take_back`, :meth:`_unroll`), so
+        either all of it becomes visible or none. Durable per the fsync policy when
+        this returns. ``before(offset)`` is called under the stream's lock with the
+        offset the first batch will get, before anything is written: a two-phase commit
+        notes it to find out after a crash whether this append happened.
         """
         with self._mutex:
             if self._closed:
@@ -728,14 +794,10 @@ class StreamStore:
                 else:
                     total = sum(ENTRY_PREFIX_SIZE + batch.size for batch in batches)
                     if total <= self.config.segment_bytes:
-                        bases = self._write_group(batches, total)
-                    else:  # too big for one segment: batch by batch, each atomic
-                        bases = [self._write_one(batch) for batch in batches]
-                if self._fsync == "always":
-                    _FDATASYNC(self._active_fd)
-                    self._write_state(self._recovered())
-                else:
-                    self._unsynced = True
+                        active = self._make_room(total, batches[-1].max_timestamp)
+                        bases = self._write_group(active, batches, total)
+                    else:
+                        bases = self._write_runs(batches)
                 self.appended_batches += len(batches)
                 for batch in batches:
                     self.appended_records += batch.record_count
@@ -766,13 +828,17 @@ class StreamStore:
         active = self._make_room(total, batch.max_timestamp)
         start, base = active.size, active.end_offset
         self._write_all(active, [ENTRY_PREFIX.pack(base), header, body], total, start)
-        active.note_entry(start, base, batch.last_offset_delta + 1, batch.max_timestamp, total)
+        try:
+            active.note_entry(start, base, batch.last_offset_delta + 1, batch.max_timestamp, total)
+            self._made_durable()
+        except BaseException:
+            self._take_back(active, start, total, header, noted=True)
+            raise
         return base
 
-    def _write_group(self, batches: list[EncodedBatch], total: int) -> list[int]:
-        """Write ``batches`` (``total`` bytes with prefixes) into one segment with one
-        ``writev``: all or nothing."""
-        active = self._make_room(total, batches[-1].max_timestamp)
+    def _write_group(self, active: Segment, batches: list[EncodedBatch], total: int) -> list[int]:
+        """Write ``batches`` (``total`` bytes with prefixes) at the end of the active
+        segment with one ``writev``: all or nothing."""
         start, base = active.size, active.end_offset
         bases = []
         parts: list[bytes | memoryview] = []
@@ -783,17 +849,48 @@ class StreamStore:
             parts.append(batch.body)
             base += batch.span
         self._write_all(active, parts, total, start)
-        pos = start
-        for batch, batch_base in zip(batches, bases):
-            size = ENTRY_PREFIX_SIZE + batch.size
-            active.note_entry(pos, batch_base, batch.span, batch.max_timestamp, size)
-            pos += size
+        try:
+            pos = start
+            for batch, batch_base in zip(batches, bases):
+                size = ENTRY_PREFIX_SIZE + batch.size
+                active.note_entry(pos, batch_base, batch.span, batch.max_timestamp, size)
+                pos += size
+            self._made_durable()
+        except BaseException:
+            self._take_back(active, start, total, batches[0].header, noted=True)
+            raise
+        return bases
+
+    def _write_runs(self, batches: list[EncodedBatch]) -> list[int]:
+        """Write a group too large for one segment: in runs (:func:`_runs`), the first
+        at the end of the active segment, each later one after a roll. A failure in a
+        later run or roll takes back the runs before it too (:meth:`_unroll`)."""
+        first = self._segments[-1]
+        state, start, offset = self._state, first.size, first.end_offset
+        runs = _runs(batches, first.size, first.first_timestamp, self.config)
+        bases: list[int] = []
+        bounds: dict[int, int] = {}  # each segment the group reaches: the most it may fill
+        reached = 0
+        try:
+            for reached, run in enumerate(runs):
+                if reached:
+                    bounds[self._segments[-1].end_offset] = 0  # the roll's new segment
+                    self._roll()
+                active = self._segments[-1]
+                total = sum(ENTRY_PREFIX_SIZE + batch.size for batch in run)
+                bounds[active.base] = active.size + total
+                if run:
+                    bases += self._write_group(active, run, total)
+        except BaseException:
+            if reached:
+                self._unroll(state, first, start, offset, batches[0].header, bounds)
+            raise
         return bases
 
     def _write_all(
         self, active: Segment, parts: list[bytes | memoryview], total: int, start: int
     ) -> None:
-        """Write ``parts`` at the end of the active file, or truncate back to ``start``."""
+        """Write ``parts`` at the end of the active file, or take them back."""
         try:
             if len(parts) <= _IOV_CHUNK:
                 written = os.writev(self._active_fd, parts)
@@ -804,50 +901,240 @@ class StreamStore:
             if written != total:
                 raise OSError(f"short write to {active.log_path}: {written} of {total} bytes")
         except BaseException:
-            os.ftruncate(self._active_fd, start)
+            self._take_back(active, start, total, parts[1], noted=False)
             raise
 
+    def _made_durable(self) -> None:
+        """After the entries are written and noted: what the fsync policy asks before an
+        append returns (``"always"``: the data synced and the recovery point past it)."""
+        if self._fsync == "always":
+            _fdatasync(self._active_fd)
+            self._write_state(self._recovered())
+        else:
+            self._unsynced = True
+
+    def _take_back(
+        self, active: Segment, start: int, total: int, header: bytes | memoryview, *, noted: bool
+    ) -> None:
+        """Undo a failed append whose bytes (up to ``total`` of them, the first entry's
+        batch header being ``header``) went to the active file from byte ``start``:
+        its caller is told it failed, so nothing of it may ever be read.
+
+        The file is cut back to ``start``. If the append got as far as noting its
+        entries (``noted``: this process's view of the segment, index files, perhaps
+        the state record), the next call on the stream runs recovery first, which
+        rebuilds all of that from the files.
+
+        If even the cut fails, the first entry's base offset is overwritten with
+        :data:`_POISON`: an entry that breaks the chain after the recovery point is what
+        recovery cuts, in this process or any other, after a crash too. If that fails
+        as well, this process's next recovery cuts the bytes first
+        (:meth:`_apply_cut`). Either way every call on the stream here runs recovery
+        until one succeeds, so nothing is appended after them or reads them here.
+        """
+        if noted:
+            self._broken = True
+        try:
+            os.ftruncate(self._active_fd, start)
+        except OSError as exc:
+            self._cut_later(_Cut(active.base, start, start + total, bytes(header)), exc)
+
+    def _cut_later(self, cut: _Cut, failure: OSError) -> None:
+        """Cutting a failed append off failed: mark its first entry corrupt, and have
+        this process's next recovery cut it (:meth:`_take_back`)."""
+        self._broken = True
+        _PENDING[self._key] = cut
+        path = self.directory / segment_name(cut.base, LOG_SUFFIX)
+        marked = _poison(path, cut.position)
+        log.error(
+            "stream %r: could not cut a failed append off %s at byte %d (%s); %s",
+            self.name,
+            path.name,
+            cut.position,
+            failure,
+            "its first entry is marked corrupt, so recovery cuts it"
+            if marked
+            else "this process cuts it at its next call on the stream (other processes "
+            "may read it meanwhile, and it stays if this process ends first)",
+        )
+
+    def _unroll(
+        self,
+        state: StreamState,
+        first: Segment,
+        start: int,
+        offset: int,
+        header: bytes | memoryview,
+        bounds: dict[int, int],
+    ) -> None:
+        """Take back a group that failed after it rolled past ``first`` (the active
+        segment when it began, then ``start`` bytes long and ending at ``offset``;
+        ``state`` the record then; ``header`` the group's first batch header; ``bounds``
+        the segments it reached, each with the most bytes it may have left there).
+
+        ``state`` is written back with a new generation: ``first`` is the active segment
+        again, and the segments after it are leftovers of an interrupted roll, which
+        recovery (run next, the store is broken) removes. Then ``first`` is cut back to
+        ``start``, or marked to be (:meth:`_cut_later`). If the state record cannot be
+        written back, this process's next recovery does both first (:class:`_Unroll`).
+        """
+        self._broken = True
+        cut = _Cut(first.base, start, first.size, bytes(header)) if first.size > start else None
+        restore = replace(state, generation=random.getrandbits(62)).encode()
+        try:
+            self._restore_state(restore)
+        except OSError as exc:
+            _PENDING[self._key] = _Unroll(restore, state.start_offset, tuple(bounds.items()), cut)
+            log.error(
+                "stream %r: could not take back a failed append that rolled past segment %d "
+                "(%s); this process does at its next call on the stream (other processes "
+                "may read its records from offset %d meanwhile, and they stay if this "
+                "process ends first)",
+                self.name,
+                first.base,
+                exc,
+                offset,
+            )
+            return
+        if cut is None:  # the group began in a new segment
+            return
+        try:
+            fd = os.open(first.log_path, os.O_WRONLY)
+            try:
+                os.ftruncate(fd, start)
+            finally:
+                close_quietly(fd)
+        except OSError as exc:
+            self._cut_later(cut, exc)
+
+    def _restore_state(self, raw: bytes) -> None:
+        """Write back the state record ``raw`` of before a failed append (lock held)."""
+        if os.pwrite(self._lock_fd, raw, 0) != len(raw):
+            raise OSError(f"short write to {self.directory / STATE}")
+        if self.durable:
+            with contextlib.suppress(OSError):  # recovery syncs the record again
+                os.fsync(self._lock_fd)
+
+    def _apply_unroll(self, unroll: _Unroll) -> None:
+        """Take back a failed append spread over segments that :meth:`_unroll` could not
+        (lock held, before recovery), if nothing was built on it since (see
+        :class:`_Unroll`); if something was, its records stay, logged as the error it is."""
+        state = StreamState.decode(os.pread(self._lock_fd, STATE_SIZE, 0))
+        bound = None if state is None else dict(unroll.bounds).get(state.active_segment)
+        if (
+            state is None
+            or bound is None
+            or state.deleted
+            or state.start_offset != unroll.start_offset
+            or _file_identity(self.directory / segment_name(state.active_segment, LOG_SUFFIX))[1]
+            > bound
+        ):
+            log.error(
+                "stream %r: the records of a failed append stay: the stream changed before "
+                "they could be taken back",
+                self.name,
+            )
+            return
+        self._restore_state(unroll.restore)
+        if unroll.cut is not None:
+            self._apply_cut(unroll.cut)
+
+    def _apply_cut(self, cut: _Cut) -> None:
+        """Cut a failed append's bytes that :meth:`_take_back` could not cut (lock held,
+        before recovery). Only while they are still the last thing in the active
+        segment: the state record names the same active segment, its batch header is
+        at the position, and the file ends at most where the append did. Another
+        process's recovery may have cut them meanwhile (a torn entry) and appended
+        after: then there is nothing of this append left to cut. If another process
+        appended after them instead (it took them for records: they were complete),
+        cutting would take its acknowledged records too: they stay, and this is logged
+        as the error it is."""
+        state = StreamState.decode(os.pread(self._lock_fd, STATE_SIZE, 0))
+        if state is None or state.active_segment != cut.base:
+            return
+        path = self.directory / segment_name(cut.base, LOG_SUFFIX)
+        try:
+            fd = os.open(path, os.O_RDWR)
+        except FileNotFoundError:
+            return
+        try:
+            size = os.fstat(fd).st_size
+            at = cut.position + ENTRY_PREFIX_SIZE
+            if size <= cut.position or os.pread(fd, len(cut.header), at) != cut.header:
+                return
+            if size > cut.end:
+                log.error(
+                    "stream %r: the records of a failed append at byte %d of %s stay: "
+                    "another process appended after them before they could be cut",
+                    self.name,
+                    cut.position,
+                    path.name,
+                )
+                return
+            os.ftruncate(fd, cut.position)
+        finally:
+            close_quietly(fd)
+        log.warning(
+            "stream %r: cut a failed append off %s at byte %d", self.name, path.name, cut.position
+        )
+
     def _roll(self) -> None:
-        """Close the active segment and start a new one at its end offset (lock held)."""
+        """Close the active segment and start a new one at its end offset (lock held).
+
+        A failure before the state record names the new segment leaves the old one
+        active (a new file is a leftover recovery removes); one after it leaves the new
+        one active. Either way this process's view is rebuilt by recovery on the next
+        call."""
         self.metrics.add("segment_rolls")
         old = self._segments[-1]
-        old.seal()
         durable = self._fsync != "never"
-        if durable:
-            _FDATASYNC(self._active_fd)
-            old.index.fsync()
-            old.timeindex.fsync()
         new_base = old.end_offset
-        self._remove_segment_files(new_base)  # a leftover of an earlier interrupted roll
-        fd = os.open(
-            self.directory / segment_name(new_base, LOG_SUFFIX),
-            os.O_RDWR | os.O_APPEND | os.O_CREAT,
-            0o644,
-        )
-        new = self._new_segment(new_base)
-        new.inode = os.fstat(fd).st_ino
-        if durable:
-            fsync_directory(self.directory)
-        # The state names the new active segment only once its file exists; a crash in
-        # between leaves a file newer than the active one, which recovery removes.
-        self._write_state(
-            replace(
-                self._state,
-                generation=self._state.generation + 1,
-                active_segment=new_base,
-                recovery_position=0,
-                recovery_offset=new_base,
-            ),
-            sync=durable,
-            copy=True,
-        )
-        os.close(self._active_fd)
-        self._active_fd = fd
+        fd = -1
+        try:
+            old.seal()
+            if durable:
+                _fdatasync(self._active_fd)
+                old.index.fsync()
+                old.timeindex.fsync()
+            self._remove_segment_files(new_base)  # a leftover of an earlier interrupted roll
+            fd = os.open(
+                self.directory / segment_name(new_base, LOG_SUFFIX),
+                os.O_RDWR | os.O_APPEND | os.O_CREAT,
+                0o644,
+            )
+            new = self._new_segment(new_base)
+            new.inode = os.fstat(fd).st_ino
+            if durable:
+                fsync_directory(self.directory)
+            # The state names the new active segment only once its file exists; a crash
+            # in between leaves a file newer than the active one, which recovery removes.
+            self._write_state(
+                replace(
+                    self._state,
+                    generation=self._state.generation + 1,
+                    active_segment=new_base,
+                    recovery_position=0,
+                    recovery_offset=new_base,
+                ),
+                sync=durable,
+                copy=True,
+            )
+        except BaseException:
+            self._broken = True
+            if fd >= 0:
+                close_quietly(fd)
+            raise
+        old_fd, self._active_fd = self._active_fd, fd
         old.indexes_loaded = True
         self._segments.append(new)
+        os.close(old_fd)  # gone even if this fails: never closed again
 
     def trim(self, before: int) -> None:
-        """Move the start offset to ``before`` and delete segments wholly below it."""
+        """Move the start offset to ``before`` and delete segments wholly below it.
+
+        The state record (then its copy) is the commit point. A trim that fails may
+        have taken effect or not, as after a crash; recovery resolves which from the
+        two files, and the start offset never moves back once a trim returned."""
         with self._mutex:
             self._check_open()
             with self._locked():
@@ -861,16 +1148,20 @@ class StreamStore:
                     )
                 if before <= self._state.start_offset:
                     return
-                if before == end and self._active.size:
-                    self._roll()  # so the old active segment can go too
-                self._write_state(
-                    replace(
-                        self._state, generation=self._state.generation + 1, start_offset=before
-                    ),
-                    sync=self._fsync != "never",
-                    copy=True,
-                )
-                self._delete_closed_below(before)
+                try:
+                    if before == end and self._active.size:
+                        self._roll()  # so the old active segment can go too
+                    self._write_state(
+                        replace(
+                            self._state, generation=self._state.generation + 1, start_offset=before
+                        ),
+                        sync=self._fsync != "never",
+                        copy=True,
+                    )
+                    self._delete_closed_below(before)
+                except BaseException:
+                    self._broken = True
+                    raise
 
     def mark_deleted(self) -> None:
         """Flag the stream deleted so every process drops it (the caller removes the files)."""
@@ -889,7 +1180,7 @@ class StreamStore:
 
     def _sync_data(self) -> None:
         if self._fsync != "never" and self._active_fd >= 0:
-            _FDATASYNC(self._active_fd)
+            _fdatasync(self._active_fd)
             self.metrics.add("fsyncs")
         self._unsynced = False
 
@@ -901,18 +1192,22 @@ class StreamStore:
         with self._mutex:
             if self._closed or not self._unsynced:
                 return
-            self._unsynced = False
+            if self._broken:  # recovery syncs the active segment and moves the point
+                with self._locked():
+                    self._refresh(locked=True)
+                return
             fd = os.dup(self._active_fd)
+            self._unsynced = False
             base, size, end = self._active.base, self._active.size, self._active.end_offset
         try:
             if self._fsync != "never":
-                _FDATASYNC(fd)
+                _fdatasync(fd)
                 self.metrics.add("fsyncs")
         except BaseException:
             self._unsynced = True
             raise
         finally:
-            os.close(fd)
+            close_quietly(fd)  # a duplicate: the file stays open
         with self._mutex:
             if self._closed:
                 return
@@ -929,12 +1224,13 @@ class StreamStore:
                 self._close_fds()
                 return
             try:
-                if self._unsynced:
-                    self._sync_data()
+                if self._unsynced or self._broken:
                     with self._locked():
-                        self._refresh(locked=True)
-                        if self._state.recovery_position < self._active.size:
-                            self._write_state(self._recovered())
+                        self._refresh(locked=True)  # recovers first if a failure left it to
+                        if self._unsynced:
+                            self._sync_data()
+                            if self._state.recovery_position < self._active.size:
+                                self._write_state(self._recovered())
             except StreamGone:
                 pass
             finally:
@@ -1062,6 +1358,52 @@ def flag_deleted(directory: Path, *, sync: bool) -> bool:
     finally:
         os.close(fd)
     return True
+
+
+def _poison(path: Path, position: int) -> bool:
+    """Overwrite the base offset of the entry at ``position`` with :data:`_POISON`;
+    whether that worked. Through a descriptor of its own: the active one appends."""
+    try:
+        fd = os.open(path, os.O_WRONLY)
+    except OSError:
+        return False
+    try:
+        return os.pwrite(fd, _POISON, position) == len(_POISON)
+    except OSError:
+        return False
+    finally:
+        close_quietly(fd)
+
+
+def _runs(
+    batches: list[EncodedBatch], size: int, first_timestamp: int, config: StreamConfig
+) -> list[list[EncodedBatch]]:
+    """``batches`` as appending them one by one would place them: in runs, each filling
+    one segment by the roll rule of :meth:`StreamStore._make_room`. The first run goes
+    to the active segment (``size`` bytes, its first batch's max timestamp
+    ``first_timestamp``) and is empty if not even the first batch fits there; each
+    later one goes to a new segment."""
+    runs: list[list[EncodedBatch]] = [[]]
+    for batch in batches:
+        entry = ENTRY_PREFIX_SIZE + batch.size
+        if size and (
+            size + entry > config.segment_bytes
+            or batch.max_timestamp - first_timestamp > config.segment_ms
+        ):
+            runs.append([])
+            size = 0
+        if not size:
+            first_timestamp = batch.max_timestamp
+        runs[-1].append(batch)
+        size += entry
+    return runs
+
+
+def _fdatasync(fd: int) -> None:
+    """``fdatasync(2)``, or ``fsync(2)`` where the platform has no ``os.fdatasync``
+    (macOS). Looked up at each call, like every other ``os`` function here, so that
+    tests can make it fail."""
+    getattr(os, "fdatasync", os.fsync)(fd)
 
 
 def _file_identity(path: Path) -> tuple[int, int]:

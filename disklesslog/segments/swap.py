@@ -44,6 +44,7 @@ from .layout import (
     LOST_SUFFIX,
     SEGMENT_SUFFIXES,
     STAGING,
+    close_quietly,
     decode_json,
     encode_json,
     fsync_directory,
@@ -181,7 +182,7 @@ def cleaner_lock(directory: Path, *, create: bool = True) -> Iterator[bool]:
         finally:
             fcntl.flock(fd, fcntl.LOCK_UN)
     finally:
-        os.close(fd)
+        close_quietly(fd)  # releases the lock
 
 
 def clear_staging(directory: Path) -> Path:

@@ -48,7 +48,7 @@ from ..maintenance.report import MaintenanceReport, Progress
 from ..maintenance.retention import retention_point
 from . import manifest as manifests
 from .index import OFFSET_ENTRY, TIME_ENTRY
-from .layout import STREAMS
+from .layout import STREAMS, close_quietly
 from .manifest import COPYING, TIERED, Manifest, TieredObject, TieredSegment
 from .segment import CHECK, Segment
 from .store import Snapshot, StreamStore
@@ -275,7 +275,7 @@ def _prepare(store: StreamStore, seg: Segment, size: int) -> _Prepared:
             seg.base, seg.end_offset, size, fd, crc, scan.max_timestamp, index, timeindex
         )
     except BaseException:
-        os.close(fd)
+        close_quietly(fd)
         raise
 
 

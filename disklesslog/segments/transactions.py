@@ -83,7 +83,14 @@ from ..transactions import (
     check_parts,
 )
 from . import reader
-from .layout import decode_json, encode_json, flocked, fsync_directory, write_durably
+from .layout import (
+    close_quietly,
+    decode_json,
+    encode_json,
+    flocked,
+    fsync_directory,
+    write_durably,
+)
 
 if TYPE_CHECKING:
     from ..maintenance.report import MaintenanceReport
@@ -258,7 +265,7 @@ def recover(log: SegmentLog) -> None:
             return
         _finish_interrupted(log, current=None)
     finally:
-        os.close(fd)
+        close_quietly(fd)  # releases the lock
 
 
 def _finish_interrupted(log: SegmentLog, *, current: str | None) -> set[str]:

@@ -196,7 +196,7 @@ def test_fsync_policies(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None
         calls.append(fd)
         os.fsync(fd)
 
-    monkeypatch.setattr(store_module, "_FDATASYNC", counting_fdatasync)
+    monkeypatch.setattr(os, "fdatasync", counting_fdatasync)
     for policy, expect_per_append in (("always", True), ("never", False)):
         calls.clear()
         with disklesslog.open(tmp_path / policy, fsync=policy) as log:
@@ -221,7 +221,7 @@ def test_interval_policy_syncs_in_the_background(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     calls: list[int] = []
-    monkeypatch.setattr(store_module, "_FDATASYNC", calls.append)
+    monkeypatch.setattr(os, "fdatasync", calls.append)
     with disklesslog.open(tmp_path, fsync="interval", fsync_interval_ms=20) as log:
         stream = log.stream("s")
         stream.append_batch([b"x"] * 10)
