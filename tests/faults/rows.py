@@ -44,6 +44,7 @@ TABLES: dict[str, str] = {
     "producers": "writers: a named producer's epoch (fencing)",
     "group_offsets": "committed_offsets: one row per group and stream",
     "groups": "committed_offsets: how many offset rows a group has",
+    "stream_count": "every call that finds no stream, and create_stream: how many there are",
     "transactions": "commit_transaction: a committed id and its ranges",
     "schema_version": "opening: which migrations the schema has had",
 }
