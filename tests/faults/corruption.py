@@ -206,7 +206,7 @@ def build_local(root: Path) -> Subject:
         if name == "c":
             config.update(cleanup_policy="compact", min_cleanable_dirty_ratio=0.01)
         if name == "b":
-            config.update(local_retention_bytes=2048)
+            config.update(local_retention_bytes=512)  # segment 0 lives only in the tier
         log.create_stream(name, **config)
     serial = [0]
     _fill(log, 6, 4, serial=serial)
