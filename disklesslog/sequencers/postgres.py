@@ -57,9 +57,11 @@ retried with jittered, bounded backoff; it always re-reads the state it decides 
 row and its first batches together, and continues through a server-side cursor of
 the same statement when a page needs more than :data:`_FIRST_PAGE_ROWS` batches.
 
-**Damage** (schema version 3): every row a later call trusts carries a CRC-32C of its
-columns, and a stream's batch rows prove themselves complete
-(:mod:`~disklesslog.sequencers.rows`); a mismatch is a
+**Damage** (schema versions 3 and 4): every row a later call trusts carries a CRC-32C
+of its columns, a stream's batch rows prove themselves complete, and the streams rows
+are counted (``stream_count``, locked by creates and deletes, never by commits), checked
+before a stream is said not to exist or created (:mod:`~disklesslog.sequencers.rows`);
+a mismatch is a
 :class:`~disklesslog.errors.CorruptDataError` naming the server, schema, table and row,
 as are PostgreSQL's own reports of damaged pages (SQLSTATE XX001, XX002). The commit
 keeps its four round trips: the object's row is inserted, or (a retried commit) locked
@@ -145,6 +147,7 @@ from .rows import (
     StreamRow,
     Tiling,
     check_garbage,
+    check_stream_count,
     damaged_row,
     greatest,
     json_value,
@@ -152,6 +155,7 @@ from .rows import (
     new_stream_row,
     row_crc,
     row_crcs,
+    stream_count,
 )
 
 try:
@@ -218,7 +222,23 @@ class _Queries:
     stream_row: str = (  # the stream, and any whose name_key is its name's (rows.name_key)
         f"SELECT {_STREAM_COLUMNS} FROM {{s}}.streams WHERE name = %s OR name_key = %s"
     )
-    all_streams: str = f"SELECT {_STREAM_COLUMNS} FROM {{s}}.streams ORDER BY name"
+    # Every stream with what stream_count records, in one snapshot (its row missing:
+    # NULLs); with no stream, one row of NULL stream columns.
+    all_streams: str = (
+        "SELECT c.streams, c.crc, s.id, s.name, s.config, s.start_offset, s.end_offset,"
+        " s.max_timestamp, s.unindexed, s.tail_gap, s.crc FROM (SELECT 1) AS q"
+        " LEFT JOIN {s}.stream_count AS c ON c.id = 0 LEFT JOIN {s}.streams AS s ON true"
+        " ORDER BY s.name"
+    )
+    # What stream_count records and the streams rows there are, in one snapshot.
+    count_streams: str = (
+        "SELECT c.streams, c.crc, (SELECT count(*) FROM {s}.streams) FROM (SELECT 1) AS q"
+        " LEFT JOIN {s}.stream_count AS c ON c.id = 0"
+    )
+    # Taken by creates and deletes only, after the stream's own row (delete) or its
+    # absence (create): never by a commit, so appends do not wait on it.
+    lock_stream_count: str = "SELECT streams, crc FROM {s}.stream_count WHERE id = 0 FOR UPDATE"
+    put_stream_count: str = "UPDATE {s}.stream_count SET streams = %s, crc = %s WHERE id = 0"
     lock_stream: str = f"SELECT {_STREAM_COLUMNS} FROM {{s}}.streams WHERE name = %s FOR UPDATE"
     insert_stream: str = (
         "INSERT INTO {s}.streams (name, config, name_key) VALUES (%s, %s, %s)"
@@ -879,15 +899,17 @@ class PostgresSequencer(Sequencer):
 
         def work(conn: Connection) -> StreamMeta:
             while True:  # until inserted or found: a concurrent delete may remove it
-                row = self._find_stream(conn, name)
+                row = self._find_stream(conn, name)  # a lost stream is damage, not created
                 if row is not None:
                     return self._meta(row)
+                count = self._lock_stream_count(conn)
                 inserted = conn.execute(
                     self._q.insert_stream, (name, text, name_key(name))
                 ).fetchone()
                 if inserted is not None:
                     row = StreamRow(inserted[0], name, text, 0, 0, None, 0, 0)
                     conn.execute(self._q.stream_crc, (row_crc(row), row.id))
+                    self._put_stream_count(conn, count + 1)
                     return self._meta(row)
 
         return self._call(work, transaction=True)
@@ -917,12 +939,15 @@ class PostgresSequencer(Sequencer):
             for group in sorted(set(locked) | set(gone)):
                 self._count_group(conn, group, -gone.count(group))
             conn.execute(self._q.delete_stream, {"id": row.id})
+            self._put_stream_count(conn, self._lock_stream_count(conn) - 1)
 
         self._call(work, transaction=True)
 
     def list_streams(self) -> list[str]:
         rows = self._call(lambda conn: conn.execute(self._q.all_streams).fetchall())
-        return [self._verified(row).name for row in rows]
+        names = [self._verified(row[2:]).name for row in rows if row[2] is not None]
+        check_stream_count(self._where, rows[0], len(names))
+        return names
 
     def stream_info(self, name: str) -> StreamMeta:
         validate_stream_name(name)
@@ -939,15 +964,28 @@ class PostgresSequencer(Sequencer):
         """The verified row of ``name``, or None. The rows with the name's ``name_key``
         come with it, in the same statement (one snapshot), and are verified too: a
         damaged name must not make a stream vanish, or let a second one of that name be
-        created. (A damaged name index is harmless here: the key's index finds the row.)"""
-        if "\x00" in name:  # never stored
-            return None
+        created. (A damaged name index is harmless here: the key's index finds the row.)
+        Before None, the streams rows are counted against ``stream_count`` (one more
+        statement, one snapshot): a lost row must not make a stream vanish either, nor
+        let it be created anew from offset 0."""
         found = None
-        for row in conn.execute(self._q.stream_row, (name, name_key(name))).fetchall():
-            verified = self._verified(row)
-            if verified.name == name:
-                found = verified
+        if "\x00" not in name:  # else never stored
+            for row in conn.execute(self._q.stream_row, (name, name_key(name))).fetchall():
+                verified = self._verified(row)
+                if verified.name == name:
+                    found = verified
+        if found is None:
+            (counted,) = conn.execute(self._q.count_streams).fetchall()  # always one row
+            check_stream_count(self._where, counted, counted[2])
         return found
+
+    def _lock_stream_count(self, conn: Connection) -> int:
+        """The number of streams ``stream_count`` records, its row locked until the end
+        of the transaction (creates and deletes take turns on it) and verified."""
+        return stream_count(self._where, conn.execute(self._q.lock_stream_count).fetchone())
+
+    def _put_stream_count(self, conn: Connection, count: int) -> None:
+        conn.execute(self._q.put_stream_count, (count, row_crc((count,))))
 
     def _verified(self, row: Sequence[Any]) -> StreamRow:
         """A streams row (:data:`_STREAM_COLUMNS`), its checksum verified unless this

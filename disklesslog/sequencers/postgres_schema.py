@@ -6,7 +6,8 @@ advisory lock keyed by the schema name, so processes opening together take turns
 failed migration leaves nothing. A schema written by a newer disklesslog is refused
 untouched, one holding tables that are not a sequencer's too. Step 3 adds the row
 checksums and the columns that prove a stream's batches complete
-(:mod:`~disklesslog.sequencers.rows`) and fills them for the rows already there.
+(:mod:`~disklesslog.sequencers.rows`) and fills them for the rows already there; step 4
+the checksummed count of the streams (``stream_count``), from the rows already there.
 """
 
 from __future__ import annotations
@@ -19,13 +20,21 @@ from psycopg import sql
 
 from ..errors import SequencerError
 from .common import ranges_from_json
-from .rows import StateCache, damaged_row, json_value, name_key, row_crc, tile_existing
+from .rows import (
+    STREAM_TABLES,
+    StateCache,
+    damaged_row,
+    json_value,
+    name_key,
+    row_crc,
+    tile_existing,
+)
 
 __all__ = ["CREATE_VERSION_TABLE", "MIGRATIONS", "SCHEMA_VERSION", "apply_migrations"]
 
 Connection = psycopg.Connection[Any]
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 """Version of the tables this code writes; a newer schema is refused, an older migrated."""
 
 
@@ -114,6 +123,16 @@ MIGRATIONS: dict[int, tuple[str, tuple[str, ...]]] = {
             " crc bigint)",
         ),
     ),
+    4: (
+        "the number of streams, checked before a stream is said not to exist or created",
+        (
+            # One row, always there (rows.check_stream_count); _count_streams fills it.
+            "CREATE TABLE {s}.stream_count ("
+            " id integer PRIMARY KEY CHECK (id = 0),"
+            " streams bigint NOT NULL,"
+            " crc bigint)",
+        ),
+    ),
 }
 
 CREATE_VERSION_TABLE = (
@@ -170,6 +189,8 @@ def apply_migrations(conn: Connection, schema: str, database: str) -> None:
             run(statement)
         if target == 3 and version:
             _checksum_existing_rows(conn, schema, database)
+        if target == 4:
+            _count_streams(conn, schema, database)
         run(
             "INSERT INTO {s}.schema_version (version, description) VALUES (%s, %s)",
             (target, description),
@@ -254,3 +275,26 @@ def _checksum_existing_rows(conn: Connection, schema: str, database: str) -> Non
         "INSERT INTO {s}.groups (group_name, streams, crc) VALUES (%s, %s, %s)",
         [(group, count, row_crc((group, count))) for group, count in counts],
     )
+
+
+def _count_streams(conn: Connection, schema: str, database: str) -> None:
+    """Schema version 4: the ``stream_count`` row, counting the streams there are (none
+    in a new schema). A batch, producer-state or time-index row of a stream id that no
+    streams row has is a stream already lost: the migration is refused (and changes
+    nothing), rather than the loss blessed by the count."""
+    name = sql.Identifier(schema)
+    for table in STREAM_TABLES:  # names are this module's, never input
+        orphan = conn.execute(
+            sql.SQL(
+                "SELECT t.stream_id FROM {s}.{t} AS t WHERE NOT EXISTS"
+                " (SELECT 1 FROM {s}.streams AS s WHERE s.id = t.stream_id) LIMIT 1"
+            ).format(s=name, t=sql.Identifier(table))
+        ).fetchone()
+        if orphan is not None:
+            raise damaged_row(
+                database, "streams", f"id {orphan[0]}", f"it is missing, yet {table} has rows of it"
+            )
+    row = conn.execute(sql.SQL("SELECT count(*) FROM {s}.streams").format(s=name)).fetchone()
+    count = 0 if row is None else int(row[0])
+    insert = "INSERT INTO {s}.stream_count (id, streams, crc) VALUES (0, %s, %s)"
+    conn.execute(sql.SQL(insert).format(s=name), (count, row_crc((count,))))

@@ -17,8 +17,10 @@ compaction left without records), and the stream's row records ``tail_gap``, tho
 after its last batch. Read in offset order, the batches then tile the stream: each
 starts ``gap`` offsets after the one before it ends, and the last ends ``tail_gap``
 before the end offset. :class:`Tiling` checks this as a read goes; a missing, extra or
-moved row breaks it. A consumer group's row in ``groups`` counts its offset rows, and
-``objects`` rows their live batches, for the same reason.
+moved row breaks it. A consumer group's row in ``groups`` counts its offset rows,
+``objects`` rows their live batches, and the one row of ``stream_count`` the ``streams``
+rows, for the same reason: a stream whose row is gone would otherwise simply not exist,
+and be created anew from offset 0 (:func:`check_stream_count`).
 """
 
 from __future__ import annotations
@@ -40,10 +42,12 @@ __all__ = [
     "INT64_MAX",
     "INT64_MIN",
     "LAYOUTS",
+    "STREAM_TABLES",
     "StateCache",
     "StreamRow",
     "Tiling",
     "check_garbage",
+    "check_stream_count",
     "damaged_row",
     "greatest",
     "json_value",
@@ -51,6 +55,7 @@ __all__ = [
     "new_stream_row",
     "row_crc",
     "row_crcs",
+    "stream_count",
     "tile_existing",
 ]
 
@@ -84,10 +89,15 @@ LAYOUTS: dict[str, tuple[str, ...]] = {
     "time_index": ("stream_id", "max_timestamp", "next_offset"),
     "group_offsets": ("group_name", "stream", "next_offset"),
     "groups": ("group_name", "streams"),
+    "stream_count": ("streams",),
     "transactions": ("id", "committed_at", "ranges"),
 }
 """Per table, the values its ``crc`` covers, in order (``object_key`` is the key of the
 batch's object, found through ``object_id``). docs/sequencers.md specifies them."""
+
+
+STREAM_TABLES = ("batches", "producer_streams", "time_index")
+"""The tables whose rows belong to a stream by its ``stream_id``."""
 
 
 class StreamRow(NamedTuple):
@@ -165,6 +175,37 @@ def check_garbage(database: str, listed: int, due: int, undated: int) -> None:
             f"{listed} objects listed as garbage where a scan of the table finds {due}, "
             f"and {undated} without live batches nor a time of death",
         )
+
+
+def stream_count(database: str, row: Sequence[Any] | None) -> int:
+    """The number of streams the ``stream_count`` row ``(streams, crc)`` records, its
+    checksum verified. The row is written with the schema and never deleted, so a row
+    that is not there (None, or NULLs from an outer join) is damage too."""
+    if row is None or row[0] is None:
+        raise damaged_row(database, "stream_count", "id 0", "it is missing")
+    if row_crc(row[:1]) != row[1]:
+        raise damaged_row(database, "stream_count", "id 0")
+    return int(row[0])
+
+
+def check_stream_count(database: str, row: Sequence[Any] | None, found: int) -> int:
+    """Check that the ``streams`` rows ``found`` (counted, or listed, in the snapshot the
+    ``stream_count`` row ``row`` was read in) are as many as it records; returns the
+    count. Called before a stream is said not to exist, and before one is created:
+    the row of a stream can be lost (a damaged page, a bad restore, a stray ``DELETE``)
+    and a checksum cannot see a row that is gone, while ``create_stream`` would then
+    hand out the lost stream's offsets again from 0."""
+    count = stream_count(database, row)
+    if found != count:
+        raise damaged_row(
+            database,
+            "streams",
+            "(all)",
+            f"the table holds {found} stream rows but {count} streams were created and not "
+            "deleted (table stream_count): a stream's row is missing, or one was added "
+            "behind the sequencer's back",
+        )
+    return count
 
 
 def json_value(text: object, kind: type, database: str, table: str, key: str) -> Any:

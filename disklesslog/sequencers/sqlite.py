@@ -49,8 +49,9 @@ scans batches in offset order from there: O(log n + interval) while timestamps r
 O(n) in the worst case (timestamps going far backwards, or the batches that set a late
 timestamp trimmed away).
 
-Damage (schema version 3): every row a later call trusts carries a CRC-32C of its
-columns, and a stream's batch rows prove themselves complete
+Damage (schema versions 3 and 4): every row a later call trusts carries a CRC-32C of
+its columns, a stream's batch rows prove themselves complete, and the streams rows are
+counted (``stream_count``), checked before a stream is said not to exist or created
 (:mod:`~disklesslog.sequencers.rows`); a mismatch is a
 :class:`~disklesslog.errors.CorruptDataError` naming the file, table and row. SQLite's
 own reports of a damaged file ("database disk image is malformed", "file is not a
@@ -132,6 +133,7 @@ from .rows import (
     StreamRow,
     Tiling,
     check_garbage,
+    check_stream_count,
     damaged_row,
     greatest,
     json_value,
@@ -139,6 +141,7 @@ from .rows import (
     new_stream_row,
     row_crc,
     row_crcs,
+    stream_count,
 )
 from .sqlite_files import Presence, open_presence
 from .sqlite_schema import SCHEMA_VERSION, migrate, schema_version, stored_version
@@ -202,6 +205,8 @@ _STREAM = (
     "SELECT id, name, config, start_offset, end_offset, max_timestamp, unindexed, tail_gap, crc"
     " FROM streams"
 )
+_STREAM_COUNT = "SELECT streams, crc FROM stream_count WHERE id = 0"
+_PUT_STREAM_COUNT = "UPDATE stream_count SET streams = ?, crc = ? WHERE id = 0"
 _PUT_EXTENT = (
     "UPDATE streams SET end_offset = ?, max_timestamp = ?, unindexed = ?, tail_gap = 0, crc = ?"
     " WHERE id = ?"
@@ -745,7 +750,7 @@ class SqliteSequencer(Sequencer):
         validate_stream_name(name)
         _, text = config_copy(config)
         with self._transaction(_WRITE) as db:
-            row = self._find_stream(db, name)
+            row = self._find_stream(db, name)  # a lost stream is damage, not created anew
             if row is None:
                 cursor = db.execute(
                     "INSERT INTO streams (name, config, name_key) VALUES (?, ?, ?)",
@@ -753,6 +758,7 @@ class SqliteSequencer(Sequencer):
                 )
                 row = StreamRow(_rowid(cursor), name, text, 0, 0, None, 0, 0)
                 db.execute("UPDATE streams SET crc = ? WHERE id = ?", (row_crc(row), row.id))
+                self._count_streams(db, +1)
             return self._meta(row)
 
     def alter_stream(self, name: str, changes: Mapping[str, Any]) -> StreamMeta:
@@ -784,10 +790,13 @@ class SqliteSequencer(Sequencer):
             for group in groups:
                 self._count_group(db, group, -1)
             db.execute("DELETE FROM streams WHERE id = ?", (row.id,))
+            self._count_streams(db, -1)
 
     def list_streams(self) -> list[str]:
         with self._transaction(_SNAPSHOT) as db:
-            return [self._verified(row).name for row in db.execute(_STREAM + " ORDER BY name")]
+            names = [self._verified(row).name for row in db.execute(_STREAM + " ORDER BY name")]
+            check_stream_count(self.path, db.execute(_STREAM_COUNT).fetchone(), len(names))
+            return names
 
     def stream_info(self, name: str) -> StreamMeta:
         with self._transaction(_SNAPSHOT) as db:
@@ -807,9 +816,10 @@ class SqliteSequencer(Sequencer):
 
     def _find_stream(self, db: sqlite3.Connection, name: str) -> StreamRow | None:
         """The verified row of ``name``, or None. Before saying a stream does not exist,
-        the rows with the name's ``name_key`` are verified: a damaged name, or a damaged
-        entry of the name index, must not make a stream vanish or let a second one of
-        that name be created."""
+        the rows with the name's ``name_key`` are verified, and the streams rows counted
+        against ``stream_count``: a damaged name, a damaged entry of the name index, or
+        a lost row must not make a stream vanish or let a second one of that name be
+        created (from offset 0, handing its offsets out again)."""
         row = db.execute(_STREAM + " WHERE name = ?", (name,)).fetchone()
         if row is not None:
             return self._verified(row)
@@ -818,7 +828,15 @@ class SqliteSequencer(Sequencer):
                 raise damaged_row(
                     self.path, "streams", f"{name!r}", "the index of stream names misses it"
                 )
+        (found,) = db.execute("SELECT count(*) FROM streams").fetchone()
+        check_stream_count(self.path, db.execute(_STREAM_COUNT).fetchone(), found)
         return None
+
+    def _count_streams(self, db: sqlite3.Connection, change: int) -> None:
+        """Move the number of streams ``stream_count`` keeps by ``change``, in the
+        transaction that creates or deletes the stream."""
+        count = stream_count(self.path, db.execute(_STREAM_COUNT).fetchone()) + change
+        db.execute(_PUT_STREAM_COUNT, (count, row_crc((count,))))
 
     def _verified(self, row: Sequence[Any]) -> StreamRow:
         """A ``_STREAM`` row, its checksum verified."""

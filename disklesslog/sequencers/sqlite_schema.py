@@ -4,7 +4,8 @@ file up to date (:func:`migrate`), inside the caller's write transaction.
 A file records its version in ``meta``; a newer one is refused untouched, an older one
 migrated step by step, the steps kept exactly as they were released. Step 3 adds the
 row checksums and the columns that prove a stream's batches complete
-(:mod:`~disklesslog.sequencers.rows`) and fills them for the rows already there.
+(:mod:`~disklesslog.sequencers.rows`) and fills them for the rows already there; step 4
+the checksummed count of the streams (``stream_count``), from the rows already there.
 """
 
 from __future__ import annotations
@@ -14,11 +15,19 @@ from collections.abc import Sequence
 
 from ..errors import SequencerError
 from .common import ranges_from_json
-from .rows import StateCache, damaged_row, json_value, name_key, row_crc, tile_existing
+from .rows import (
+    STREAM_TABLES,
+    StateCache,
+    damaged_row,
+    json_value,
+    name_key,
+    row_crc,
+    tile_existing,
+)
 
 __all__ = ["MIGRATIONS", "SCHEMA_VERSION", "migrate", "schema_version", "stored_version"]
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 """Version of the tables this code writes; a newer file is refused, an older migrated."""
 
 MIGRATIONS: dict[int, tuple[str, ...]] = {
@@ -96,6 +105,14 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
         " streams INTEGER NOT NULL,"
         " crc INTEGER) WITHOUT ROWID",
     ),
+    4: (
+        # How many streams rows there are (rows.check_stream_count): one row, always
+        # there; _count_streams writes it from the streams already there.
+        "CREATE TABLE stream_count ("
+        " id INTEGER PRIMARY KEY CHECK (id = 0),"
+        " streams INTEGER NOT NULL,"
+        " crc INTEGER)",
+    ),
 }
 
 
@@ -139,6 +156,8 @@ def migrate(db: sqlite3.Connection, path: str, version: int) -> None:
             db.execute(statement)
         if target == 3 and version:
             _checksum_existing_rows(db, path)
+        if target == 4:
+            _count_streams(db, path)
     if version < SCHEMA_VERSION:
         db.execute(
             "INSERT OR REPLACE INTO meta (key, value) VALUES ('schema_version', ?)",
@@ -211,6 +230,25 @@ def _checksum_existing_rows(db: sqlite3.Connection, path: str) -> None:
     db.executemany(
         "INSERT INTO groups (group_name, streams, crc) VALUES (?, ?, ?)",
         [(group, n, row_crc((group, n))) for group, n in counts],
+    )
+
+
+def _count_streams(db: sqlite3.Connection, path: str) -> None:
+    """Schema version 4: the ``stream_count`` row, counting the streams there are (none
+    in a new file). A batch, producer-state or time-index row of a stream id that no
+    streams row has is a stream already lost: the migration is refused, the file left
+    as it was, rather than the loss blessed by the count."""
+    for table in STREAM_TABLES:
+        orphan = db.execute(
+            f"SELECT stream_id FROM {table} WHERE stream_id NOT IN (SELECT id FROM streams) LIMIT 1"
+        ).fetchone()
+        if orphan is not None:
+            raise damaged_row(
+                path, "streams", f"id {orphan[0]}", f"it is missing, yet {table} has rows of it"
+            )
+    (count,) = db.execute("SELECT count(*) FROM streams").fetchone()
+    db.execute(
+        "INSERT INTO stream_count (id, streams, crc) VALUES (0, ?, ?)", (count, row_crc((count,)))
     )
 
 

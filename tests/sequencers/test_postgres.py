@@ -42,6 +42,7 @@ from disklesslog.sequencers.postgres import (
     parse_postgres_url,
     validate_schema_name,
 )
+from disklesslog.sequencers.rows import row_crc
 from disklesslog.servers.postgres import drop_schema
 
 pytestmark = pytest.mark.postgres
@@ -362,8 +363,10 @@ def test_an_old_schema_is_migrated_with_checksums(schema_url: str, version: int)
         assert [b.base_offset for b in seq.find_batches("a", 10, BIG).batches] == [12]
         expected = {"a": (3, 6)} if version >= 2 else {}
         assert seq.commit_transaction("t1", []).ranges == expected
-    assert [v for v, _ in _versions(schema_url)] == [1, 2, 3]
+    assert [v for v, _ in _versions(schema_url)] == [1, 2, 3, 4]
     schema = _schema_of(schema_url)
+    counted = _sql(schema_url, "SELECT * FROM {s}.stream_count", schema=schema)
+    assert counted == [(0, 2, row_crc((2,)))]
     for table in ("streams", "producers", "producer_streams", "objects", "batches", "groups"):
         nulls = _sql(
             schema_url, f"SELECT count(*) FROM {{s}}.{table} WHERE crc IS NULL", schema=schema
@@ -406,6 +409,55 @@ def test_an_old_schema_that_is_damaged_is_not_migrated(
         (schema,),
     )
     assert ("crc",) not in columns
+
+
+def _version_3_schema(url: str) -> None:
+    """A schema as the release of version 3 left it (version 4 only adds
+    ``stream_count``): streams ``a`` (one batch) and ``b``."""
+    with PostgresSequencer(url) as seq:
+        seq.create_stream("a", {})
+        seq.create_stream("b", {})
+        seq.commit("o1", [BatchToCommit("a", 0, 10, 2, 2, 5)])
+    schema = _schema_of(url)
+    _sql(url, "DROP TABLE {s}.stream_count", schema=schema)
+    _sql(url, "DELETE FROM {s}.schema_version WHERE version = 4", schema=schema)
+
+
+def test_a_version_3_schema_gets_its_streams_counted(schema_url: str) -> None:
+    """Schema version 4 counts the streams already there; creates and deletes keep
+    the count."""
+    _version_3_schema(schema_url)
+    with PostgresSequencer(schema_url) as seq:
+        assert seq.list_streams() == ["a", "b"]
+        seq.create_stream("c", {})
+        seq.delete_stream("b")
+        assert seq.commit("o2", [BatchToCommit("a", 0, 10, 1, 1, 6)]) == [CommitResult(2)]
+    schema = _schema_of(schema_url)
+    assert [v for v, _ in _versions(schema_url)] == [1, 2, 3, 4]
+    counted = _sql(schema_url, "SELECT * FROM {s}.stream_count", schema=schema)
+    assert counted == [(0, 2, row_crc((2,)))]
+
+
+def test_a_version_3_schema_with_a_lost_stream_is_not_migrated(schema_url: str) -> None:
+    """A stream whose row is already gone when version 4 would count the streams still
+    has batch rows: counting what is there would bless the loss, so the migration is
+    refused (CorruptDataError naming the schema and table) and nothing changes."""
+    _version_3_schema(schema_url)
+    schema = _schema_of(schema_url)
+    (stream_id,) = _sql(schema_url, "SELECT id FROM {s}.streams WHERE name = 'a'", schema=schema)[0]
+    _sql(schema_url, "DELETE FROM {s}.streams WHERE name = 'a'", schema=schema)
+    with pytest.raises(CorruptDataError) as caught:
+        PostgresSequencer(schema_url)
+    source = caught.value.source or ""
+    assert schema in source and source.endswith(f"table streams row id {stream_id}"), source
+    assert [v for v, _ in _versions(schema_url)] == [1, 2, 3]
+    tables = _sql(
+        schema_url,
+        "SELECT 1 FROM information_schema.tables WHERE table_schema = %s"
+        " AND table_name = 'stream_count'",
+        (schema,),
+    )
+    assert tables == []
 
 
 def test_a_foreign_schema_is_refused(postgres_server: str, new_schema: Any) -> None:

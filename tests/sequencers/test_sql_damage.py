@@ -534,6 +534,24 @@ DAMAGES: dict[str, tuple[str, tuple[Any, ...], str, Callable[[Sequencer], Any]]]
         "group_offsets",
         lambda seq: seq.committed_offsets("g1"),
     ),
+    "the number of streams": (
+        "UPDATE {t}stream_count SET streams = streams + 1",
+        (),
+        "stream_count",
+        lambda seq: seq.list_streams(),
+    ),
+    "the number of streams, seen by a create": (
+        "UPDATE {t}stream_count SET streams = streams - 1",
+        (),
+        "stream_count",
+        lambda seq: seq.create_stream("new", {}),
+    ),
+    "the row of the number of streams": (
+        "DELETE FROM {t}stream_count",
+        (),
+        "stream_count",
+        lambda seq: seq.stream_info("new"),
+    ),
     "a transaction's ranges": (
         "UPDATE {t}transactions SET ranges = %s",
         ('{"b": [80, 85]}',),
@@ -564,6 +582,49 @@ def test_a_damaged_row_is_reported_by_what_trusts_it(database: Database, damage:
     statement, params, table, call = DAMAGES[damage]
     database.run(statement, _parameters(database, params))
     _expect_damage(database, table, call)
+
+
+LOST_STREAM_CALLS: dict[str, Callable[[Sequencer], Any]] = {
+    "list_streams": lambda seq: seq.list_streams(),
+    "stream_info": lambda seq: seq.stream_info("c"),
+    "create_stream": lambda seq: seq.create_stream("c", {"retention_ms": 5}),
+    "commit": lambda seq: seq.commit("objects/x", [BatchToCommit("c", 0, 1, 1, 1, 1)]),
+    "find_batches": lambda seq: seq.find_batches("c", 0, BIG),
+    "offset_for_time": lambda seq: seq.offset_for_time("c", 0),
+    "trim": lambda seq: seq.trim("c", 10),
+    "alter_stream": lambda seq: seq.alter_stream("c", {"retention_ms": 6}),
+    "delete_stream": lambda seq: seq.delete_stream("c"),
+}
+
+
+@pytest.mark.parametrize("call", list(LOST_STREAM_CALLS))
+def test_a_deleted_stream_row_is_damage_not_a_missing_stream(database: Database, call: str) -> None:
+    """A stream's row lost (a damaged page, a bad restore, a stray DELETE), which no
+    checksum can see: the stream used to vanish from ``list_streams``, every call on it
+    raised StreamNotFound, and ``create_stream`` (which an object log's next append
+    calls) created it anew at offset 0, handing its acknowledged offsets out again,
+    with its batches, producer states and time index left behind. The streams are
+    counted (``stream_count``), so each call raises CorruptDataError naming the
+    database and the table, and nothing is created."""
+    database.run("DELETE FROM {t}streams WHERE name = 'c'", ())
+    _expect_damage(database, "streams", LOST_STREAM_CALLS[call])
+    names = database.run("SELECT name FROM {t}streams ORDER BY name", ())
+    assert names == [("a",), ("b",)]
+    batches = database.run("SELECT count(*) FROM {t}batches WHERE base_offset = 0", ())
+    assert batches == [(1,)]  # only stream a's first: no new batch at offset 0
+
+
+def test_streams_created_and_deleted_keep_their_count(database: Database) -> None:
+    """``stream_count`` follows every create and delete (a create of a stream that exists
+    counts nothing), and its checksum is the spec's."""
+    with database.open() as seq:
+        for name in ("x", "y", "x"):
+            seq.create_stream(name, {})
+        seq.delete_stream("y")
+        assert seq.list_streams() == ["a", "b", "c", "x"]
+    assert database.run("SELECT id, streams, crc FROM {t}stream_count", ()) == [
+        (0, 4, row_crc((4,)))
+    ]
 
 
 @pytest.mark.parametrize("checksum", ["stale", "matching"])

@@ -17,6 +17,7 @@ import pytest
 from disklesslog.errors import CorruptDataError, InvalidURL, LogClosedError, SequencerError
 from disklesslog.sequencers import BatchToCommit, CommitResult, open_sequencer, sqlite_schema
 from disklesslog.sequencers.memory import MemorySequencer, reset_memory_sequencers
+from disklesslog.sequencers.rows import row_crc
 from disklesslog.sequencers.sqlite import (
     TIME_INDEX_INTERVAL,
     SqliteSequencer,
@@ -207,7 +208,8 @@ def test_an_old_database_is_migrated_with_checksums(tmp_path: Path, version: int
         else:
             assert seq.commit_transaction("t1", []).ranges == {}
     with contextlib.closing(sqlite3.connect(path)) as db:
-        assert db.execute("SELECT value FROM meta").fetchall() == [("3",)]
+        assert db.execute("SELECT value FROM meta").fetchall() == [("4",)]
+        assert db.execute("SELECT * FROM stream_count").fetchall() == [(0, 2, row_crc((2,)))]
         for table in ("streams", "producers", "producer_streams", "objects", "batches"):
             assert db.execute(f"SELECT count(*) FROM {table} WHERE crc IS NULL").fetchone() == (0,)
         assert db.execute("SELECT id, gap FROM batches ORDER BY id").fetchall() == [
@@ -246,6 +248,63 @@ def test_an_old_database_that_is_damaged_is_not_migrated(
     with contextlib.closing(sqlite3.connect(path)) as db:
         assert db.execute("SELECT value FROM meta").fetchall() == [("2",)]
     assert "crc" not in _columns(path, "streams")
+
+
+def _version_3_database(path: Path) -> None:
+    """A database as the release of schema version 3 left it (version 4 only adds
+    ``stream_count``): streams ``a`` (one batch) and ``b``."""
+    with SqliteSequencer(path) as seq:
+        seq.create_stream("a", {})
+        seq.create_stream("b", {})
+        seq.commit("o1", [BatchToCommit("a", 0, 10, 2, 2, 5)])
+    with contextlib.closing(sqlite3.connect(path)) as db, db:
+        db.execute("DROP TABLE stream_count")
+        db.execute("UPDATE meta SET value = '3' WHERE key = 'schema_version'")
+
+
+def test_a_version_3_database_gets_its_streams_counted(tmp_path: Path) -> None:
+    """Schema version 4 counts the streams already there; creates and deletes keep
+    the count."""
+    path = tmp_path / "meta.db"
+    _version_3_database(path)
+    with SqliteSequencer(path) as seq:
+        assert seq.list_streams() == ["a", "b"]
+        seq.create_stream("c", {})
+        seq.delete_stream("b")
+        assert seq.commit("o2", [BatchToCommit("a", 0, 10, 1, 1, 6)]) == [CommitResult(2)]
+    with contextlib.closing(sqlite3.connect(path)) as db:
+        assert db.execute("SELECT value FROM meta").fetchall() == [("4",)]
+        assert db.execute("SELECT * FROM stream_count").fetchall() == [(0, 2, row_crc((2,)))]
+
+
+@pytest.mark.parametrize("table", ["batches", "producer_streams", "time_index"])
+def test_a_version_3_database_with_a_lost_stream_is_not_migrated(
+    tmp_path: Path, table: str
+) -> None:
+    """A stream whose row is already gone when version 4 would count the streams still
+    has rows elsewhere: counting what is there would bless the loss, so the migration
+    is refused (CorruptDataError naming the file and table) and the file stays at
+    version 3."""
+    path = tmp_path / "meta.db"
+    _version_3_database(path)
+    with contextlib.closing(sqlite3.connect(path)) as db, db:
+        (stream_id,) = db.execute("SELECT id FROM streams WHERE name = 'b'").fetchone()
+        if table == "producer_streams":
+            db.execute(
+                "INSERT INTO producer_streams VALUES (?, 1, '[0, [[0, 2, 3]]]', 0)", (stream_id,)
+            )
+        elif table == "time_index":
+            db.execute("INSERT INTO time_index VALUES (?, 5, 2, 0)", (stream_id,))
+        else:
+            stream_id = db.execute("SELECT id FROM streams WHERE name = 'a'").fetchone()[0]
+        db.execute("DELETE FROM streams WHERE id = ?", (stream_id,))
+    with pytest.raises(CorruptDataError) as caught:
+        SqliteSequencer(path)
+    assert caught.value.source == f"{path} table streams row id {stream_id}"
+    with contextlib.closing(sqlite3.connect(path)) as db:
+        assert db.execute("SELECT value FROM meta").fetchall() == [("3",)]
+        found = db.execute("SELECT name FROM sqlite_master WHERE name = 'stream_count'")
+        assert found.fetchall() == []
 
 
 def test_a_foreign_database_is_refused(tmp_path: Path) -> None:
