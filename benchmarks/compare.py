@@ -1,0 +1,209 @@
+"""Before/after: the same small workloads timed on two checkouts of disklesslog, alternately.
+
+``./dev bench`` measures one checkout against baselines in the same process. A change
+that adds work on a hot path (a checksum, a check) also needs the old code beside the
+new on the same machine at the same time; this does that:
+
+    git worktree add --detach /tmp/before <commit>
+    .venv/bin/python benchmarks/compare.py /tmp/before . --rounds 5 --json out.json
+
+Each round runs every workload once on each checkout, each run a fresh process with
+that checkout first on ``sys.path`` (so the machine's drift shows up in both columns
+alike), and the table gives medians over the rounds and the ratio new/old. The
+workloads are small versions of the groups in ``run.py`` that a change to integrity
+checks touches: single-record and 1,000-record appends and a sequential read of a
+local log, a cached read of an object log, and ``Sequencer.commit`` of 10 batches on
+the SQLite, object-store (``file://``) and memory sequencers, plus the object-store
+sequencer's replay on open.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+WORKLOADS = ("single", "batch", "objread", "sqlite", "objectstore", "memory")
+COMMITS = 2_000
+
+
+# ------------------------------------------------------------- in the worker process
+
+
+def _batches(producer: tuple[int, int], commits: int) -> list[tuple[str, list[object]]]:
+    from disklesslog.sequencers import BatchToCommit
+
+    producer_id, epoch = producer
+    now = int(time.time() * 1000)
+    return [
+        (
+            f"objects/o-{i:09d}",
+            [
+                BatchToCommit(
+                    stream=f"s{j}",
+                    position=j * 1100,
+                    size=1100,
+                    span=10,
+                    record_count=10,
+                    max_timestamp=now + i,
+                    producer_id=producer_id,
+                    producer_epoch=epoch,
+                    base_sequence=i * 10,
+                )
+                for j in range(10)
+            ],
+        )
+        for i in range(commits)
+    ]
+
+
+def _commits_per_second(sequencer: object) -> float:
+    create = sequencer.create_stream  # type: ignore[attr-defined]
+    for j in range(10):
+        create(f"s{j}", {})
+    work = _batches(sequencer.init_producer("compare"), COMMITS)  # type: ignore[attr-defined]
+    commit = sequencer.commit  # type: ignore[attr-defined]
+    start = time.perf_counter()
+    for key, batches in work:
+        commit(key, batches)
+    return COMMITS / (time.perf_counter() - start)
+
+
+def _run(workload: str, directory: str) -> dict[str, float]:
+    """One workload in this process: its figures (all rates: higher is better)."""
+    import disklesslog
+    from disklesslog.sequencers import open_sequencer
+
+    value = b"x" * 100
+    if workload == "single":
+        with disklesslog.open(f"{directory}/log") as log:
+            stream = log.stream("s")
+            start = time.perf_counter()
+            for _ in range(50_000):
+                stream.append(value)
+            return {"single appends/s": 50_000 / (time.perf_counter() - start)}
+    if workload == "batch":
+        with disklesslog.open(f"{directory}/log") as log:
+            stream = log.stream("s")
+            values = [value] * 1000
+            start = time.perf_counter()
+            for _ in range(300):
+                stream.append_batch(values)
+            appended = 300_000 / (time.perf_counter() - start)
+            start = time.perf_counter()
+            count = sum(1 for _ in stream.read())
+            return {
+                "batched appends, records/s": appended,
+                "local read, records/s": count / (time.perf_counter() - start),
+            }
+    if workload == "objread":
+        url = f"file://{directory}/objects"
+        with disklesslog.open(url, backend="objects", sequencer=f"memory://{directory}") as log:
+            stream = log.stream("s")
+            for _ in range(100):
+                stream.append_batch([value] * 1000)
+            best = 0.0
+            for _ in range(3):
+                start = time.perf_counter()
+                count = sum(1 for _ in stream.read())
+                best = max(best, count / (time.perf_counter() - start))
+            return {"object read (cached), records/s": best}
+    if workload == "sqlite":
+        sequencer = open_sequencer(f"sqlite:///{directory}/meta.db")
+        try:
+            return {"SQLite commits/s": _commits_per_second(sequencer)}
+        finally:
+            sequencer.close()
+    if workload == "objectstore":
+        import fsspec
+
+        from disklesslog.sequencers.objectstore import ObjectStoreSequencer
+
+        def fresh() -> ObjectStoreSequencer:
+            fs = fsspec.filesystem("file", auto_mkdir=True)
+            return ObjectStoreSequencer(fs, f"{directory}/sequencer")
+
+        sequencer = fresh()
+        rate = _commits_per_second(sequencer)
+        start = time.perf_counter()
+        replica = fresh()
+        opened = time.perf_counter() - start
+        replica.close()
+        sequencer.close()
+        return {"object-store commits/s": rate, "object-store opens/s": 1 / opened}
+    if workload == "memory":
+        return {"memory sequencer commits/s": _commits_per_second(open_sequencer("memory://c"))}
+    raise SystemExit(f"unknown workload {workload!r}")
+
+
+# --------------------------------------------------------------------- the driver
+
+
+def _in_checkout(tree: Path, workload: str) -> dict[str, float]:
+    with tempfile.TemporaryDirectory() as directory:
+        env = {**os.environ, "PYTHONPATH": str(tree)}
+        out = subprocess.run(
+            [sys.executable, __file__, "--worker", workload, directory],
+            env=env,
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout
+    figures: dict[str, float] = json.loads(out)
+    return figures
+
+
+def compare(
+    old: Path, new: Path, rounds: int, workloads: tuple[str, ...]
+) -> dict[str, dict[str, Any]]:
+    """Every figure of ``workloads``: its median on each side and their ratio."""
+    samples: dict[str, dict[str, list[float]]] = {"old": {}, "new": {}}
+    for round_no in range(1, rounds + 1):
+        for workload in workloads:
+            for side, tree in (("old", old), ("new", new)):
+                for name, value in _in_checkout(tree, workload).items():
+                    samples[side].setdefault(name, []).append(value)
+        print(f"round {round_no} of {rounds} done", file=sys.stderr, flush=True)
+    rows = {}
+    for name, olds in samples["old"].items():
+        news = samples["new"][name]
+        rows[name] = {
+            "old": statistics.median(olds),
+            "new": statistics.median(news),
+            "ratio": statistics.median(news) / statistics.median(olds),
+            "old samples": olds,
+            "new samples": news,
+        }
+    return rows
+
+
+def main() -> None:
+    if len(sys.argv) == 4 and sys.argv[1] == "--worker":
+        print(json.dumps(_run(sys.argv[2], sys.argv[3])))
+        return
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("old", type=Path, help="the checkout before the change")
+    parser.add_argument("new", type=Path, help="the checkout after it")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--only", action="append", choices=WORKLOADS)
+    parser.add_argument("--json", type=Path, help="also write every sample here")
+    args = parser.parse_args()
+    workloads = tuple(args.only or WORKLOADS)
+    rows = compare(args.old.resolve(), args.new.resolve(), args.rounds, workloads)
+    print("| measure | old (median) | new (median) | new / old |")
+    print("|---|---:|---:|---:|")
+    for name, row in rows.items():
+        print(f"| {name} | {row['old']:,.0f} | {row['new']:,.0f} | {row['ratio']:.2f} |")
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=1))
+
+
+if __name__ == "__main__":
+    main()
