@@ -189,6 +189,8 @@ doubled after each try in vain up to the second."""
 _IN_CHUNK = 500  # "?" per IN list: well under SQLITE_MAX_VARIABLE_NUMBER (999 before 3.32)
 _DAMAGE_CODES = (11, 26)  # SQLITE_CORRUPT, SQLITE_NOTADB (primary result codes)
 _ERRORS = (sqlite3.Error, UnicodeDecodeError)
+_DAMAGE = (CorruptDataError, DataLossError)
+"""What a check of the database raises, possibly in the middle of a query."""
 """What a call into ``sqlite3`` raises: its own errors, and UnicodeDecodeError when damaged
 text reaches Python, even inside SQLite's error message ("malformed database schema
 (...)" quoting the damaged bytes)."""
@@ -523,7 +525,8 @@ class SqliteSequencer(Sequencer):
     def _transaction(self, begin: str) -> Iterator[sqlite3.Connection]:
         """One transaction: ``BEGIN IMMEDIATE`` for mutations (write lock up front),
         plain ``BEGIN`` for multi-statement reads (one consistent snapshot). Any
-        exception rolls back, so nothing of a failed call is applied."""
+        exception rolls back, so nothing of a failed call is applied, and retires the
+        connection (:meth:`_retire`)."""
         holder = self._holder()
         with holder.lock:
             db = holder.db
@@ -534,6 +537,8 @@ class SqliteSequencer(Sequencer):
                 yield db
             except BaseException as exc:
                 self._rollback(db)
+                if not isinstance(exc, DisklessLogError) or isinstance(exc, _DAMAGE):
+                    self._retire(holder)
                 if isinstance(exc, _ERRORS):
                     raise self._error(exc) from exc
                 if isinstance(exc, OverflowError):  # an int SQLite cannot bind
@@ -546,6 +551,7 @@ class SqliteSequencer(Sequencer):
                 db.execute("COMMIT")
             except _ERRORS as exc:
                 self._rollback(db)
+                self._retire(holder)
                 raise self._error(exc) from exc
             if begin == _WRITE:
                 self._writes += 1
@@ -624,6 +630,23 @@ class SqliteSequencer(Sequencer):
         finally:
             with contextlib.suppress(*_ERRORS):
                 db.execute(f"PRAGMA busy_timeout = {int(self.timeout * 1000)}")
+
+    def _retire(self, holder: _Connection) -> None:
+        """Close the connection of a transaction that failed in a way that can stop a
+        query half-way (damage: a row failing its check, a page SQLite cannot decode;
+        or any exception not ours); this thread's next call opens a new one. Such a
+        failure leaves its statement unfinished, held by a cursor that the exception's
+        traceback refers to for as long as the caller keeps the exception, and SQLite
+        keeps that connection's snapshot even after ``ROLLBACK``: every later read on it
+        would miss what was committed since, in silence (an append acknowledged, then
+        not found by the read right after it). Closing is the only way to let go of
+        statements Python does not expose. Refusals (a stream not found, a fenced
+        producer) are raised after their queries are done, and keep the connection."""
+        if getattr(self._local, "connection", None) is holder:
+            self._local.connection = None
+        with self._lock:
+            self._connections.discard(holder)
+        holder.close()
 
     @staticmethod
     def _rollback(db: sqlite3.Connection) -> None:

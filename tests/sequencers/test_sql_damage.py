@@ -22,6 +22,7 @@ import contextlib
 import random
 import re
 import sqlite3
+import threading
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
@@ -323,6 +324,34 @@ def test_damage_sqlite_meets_while_reading_names_the_file(
         with pytest.raises(CorruptDataError, match="integrity_check found") as caught:
             seq.check_integrity()
         assert caught.value.source == str(path)
+
+
+def test_a_read_that_met_damage_leaves_no_stale_snapshot(tmp_path: Path) -> None:
+    """A read that fails in the middle of a query leaves its statement unfinished, held
+    by the exception's traceback while the caller keeps the error (a logger, a retry
+    loop); SQLite kept that connection's snapshot even after ROLLBACK, so this thread
+    then missed every later commit in silence: the fault suite saw an append
+    acknowledged and the read right after it find nothing."""
+    path = tmp_path / "meta.db"
+    with SqliteSequencer(path, clock=clock) as seq:
+        seq.create_stream("a", {})
+        seq.create_stream("b", {})
+        for i in range(4):
+            seq.commit(f"objects/{i}", [BatchToCommit("a", 0, 10, 1, 1, 1000 + i)])
+        seq.commit("objects/b", [BatchToCommit("b", 0, 10, 1, 1, 1000)])
+        with contextlib.closing(sqlite3.connect(path)) as db, db:
+            db.execute("UPDATE batches SET crc = crc + 1 WHERE base_offset = 1")
+        with pytest.raises(CorruptDataError, match="table batches") as caught:
+            seq.find_batches("a", 0, BIG)
+        kept = caught.value  # the caller keeps the error, and so its traceback
+        committed = threading.Thread(
+            target=seq.commit, args=("objects/b2", [BatchToCommit("b", 0, 10, 1, 1, 2000)])
+        )
+        committed.start()
+        committed.join()
+        assert seq.stream_info("b").end_offset == 2
+        assert [b.base_offset for b in seq.find_batches("b", 0, BIG).batches] == [0, 1]
+        assert kept.source == str(path) + " table batches row (stream 'a', last_offset 1)"
 
 
 # ------------------------------------------------------------- damaged rows
