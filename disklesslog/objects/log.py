@@ -41,6 +41,7 @@ from ..records import RecordBatch
 from ..sequencers import Sequencer, open_sequencer
 from ..sequencers.base import BatchLocation
 from ..sequencers.common import out_of_range
+from ..storage.atomic import TEMPORARY_INFIX
 from . import reader
 from .cache import BlockCache, default_cache
 from .storage import OBJECTS, SEQUENCER_DIR, ObjectStorage, open_filesystem
@@ -629,7 +630,7 @@ files) is ours too: see :func:`_is_own`."""
 
 def _is_own(name: str) -> bool:
     """Whether ``name`` is one of :data:`OWN_ENTRIES` or a temporary file of one."""
-    base, sep, tail = name.partition(".tmp-")
+    base, sep, tail = name.partition(TEMPORARY_INFIX)
     if sep and tail:
         return base in OWN_ENTRIES
     return name in OWN_ENTRIES

@@ -62,6 +62,7 @@ from ..oserrors import as_storage_error, typed_os_errors
 from ..projection import COLUMNS, OFFSETS, Part, Projection
 from ..records import RecordBatch, limit_records
 from ..sequencers.base import TransactionResult
+from ..storage.atomic import fsync_directory
 from ..transactions import StagedPart
 from ..writer import Writer
 from . import groups, reader, tiering, transactions
@@ -77,7 +78,6 @@ from .layout import (
     check_log_directory,
     clean_staging,
     encode_json,
-    fsync_directory,
     read_json,
     segment_name,
     write_json,
