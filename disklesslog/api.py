@@ -9,7 +9,6 @@ appends, argument checking) is implemented once here; backends supply the storag
 from __future__ import annotations
 
 import math
-import re
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -22,12 +21,12 @@ from typing import TYPE_CHECKING, Any
 from .config import StreamConfig
 from .errors import (
     ConfigError,
-    InvalidStreamName,
     LogClosedError,
     OffsetOutOfRange,
     StreamNotFound,
 )
 from .format import MAX_OFFSET, MAX_TIMESTAMP
+from .names import validate_group_name, validate_stream_name
 from .records import Record, RecordBatch
 
 if TYPE_CHECKING:
@@ -50,34 +49,6 @@ __all__ = [
     "validate_group_name",
     "validate_stream_name",
 ]
-
-_NAME = re.compile(r"[A-Za-z0-9._-]{1,249}")
-
-
-def validate_stream_name(name: object) -> str:
-    """Return ``name`` if it is a valid stream name, else raise :class:`InvalidStreamName`.
-
-    Names are 1-249 characters of ``[A-Za-z0-9._-]`` and neither ``.`` nor ``..``
-    (Kafka's topic rule). A valid name can never be a path: it has no separator.
-    """
-    if not isinstance(name, str):
-        raise InvalidStreamName(f"a stream name must be a str, not {type(name).__name__}")
-    if not _NAME.fullmatch(name) or name in (".", ".."):
-        shown = name if len(name) <= 60 else name[:57] + "..."
-        raise InvalidStreamName(
-            f"invalid stream name {shown!r}: use 1-249 characters of letters, digits, "
-            "'.', '_' and '-' (not '.' or '..')"
-        )
-    return name
-
-
-def validate_group_name(name: object) -> str:
-    """Return ``name`` if it is a valid consumer-group name (the stream-name rule), else
-    raise :class:`InvalidStreamName`."""
-    try:
-        return validate_stream_name(name)
-    except InvalidStreamName as exc:
-        raise InvalidStreamName(str(exc).replace("stream name", "consumer group name")) from None
 
 
 def check_offset(value: object, what: str) -> int:

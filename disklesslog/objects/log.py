@@ -21,8 +21,6 @@ from ..api import (
     check_offset,
     check_read_arguments,
     check_timestamp,
-    validate_group_name,
-    validate_stream_name,
 )
 from ..config import StreamConfig
 from ..errors import (
@@ -36,6 +34,7 @@ from ..maintenance.report import MaintenanceReport, Progress
 from ..maintenance.retention import Unit
 from ..markers import MARKER, check_marker, marker_bytes
 from ..metrics import Metrics
+from ..names import validate_group_name, validate_stream_name
 from ..projection import OFFSETS
 from ..records import RecordBatch
 from ..sequencers import Sequencer, open_sequencer

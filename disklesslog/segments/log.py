@@ -40,8 +40,6 @@ from ..api import (
     check_offset,
     check_read_arguments,
     check_timestamp,
-    validate_group_name,
-    validate_stream_name,
 )
 from ..config import StreamConfig, require_keys
 from ..errors import (
@@ -58,6 +56,7 @@ from ..maintenance.grace import resolve_grace
 from ..maintenance.report import MaintenanceReport, Progress
 from ..maintenance.retention import Unit
 from ..metrics import Metrics
+from ..names import validate_group_name, validate_stream_name
 from ..oserrors import as_storage_error, typed_os_errors
 from ..projection import COLUMNS, OFFSETS, Part, Projection
 from ..records import RecordBatch, limit_records

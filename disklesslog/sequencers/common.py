@@ -13,7 +13,6 @@ from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..api import validate_group_name, validate_stream_name
 from ..errors import (
     ConfigError,
     OffsetOutOfRange,
@@ -21,6 +20,7 @@ from ..errors import (
     StreamNotFound,
     TransactionError,
 )
+from ..names import validate_group_name, validate_stream_name
 from .base import (
     NO_PRODUCER,
     TRACKED_TRANSACTIONS,

@@ -95,7 +95,6 @@ from dataclasses import dataclass, fields
 from typing import Any, TypeVar
 from urllib.parse import unquote, urlsplit, urlunsplit
 
-from ..api import validate_group_name, validate_stream_name
 from ..errors import (
     ConfigError,
     CorruptDataError,
@@ -105,6 +104,7 @@ from ..errors import (
     SequencerError,
     StreamNotFound,
 )
+from ..names import validate_group_name, validate_stream_name
 from .base import (
     NO_PRODUCER,
     BatchLocation,

@@ -80,7 +80,6 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 from urllib.parse import parse_qsl, quote, unquote, urlsplit
 
-from ..api import validate_group_name, validate_stream_name
 from ..errors import (
     ConfigError,
     CorruptDataError,
@@ -91,6 +90,7 @@ from ..errors import (
     SequencerError,
     StreamNotFound,
 )
+from ..names import validate_group_name, validate_stream_name
 from .base import (
     NO_PRODUCER,
     BatchLocation,
