@@ -26,13 +26,13 @@ from .errors import (
     StreamNotFound,
 )
 from .format import MAX_OFFSET, MAX_TIMESTAMP
+from .maintenance.report import MaintenanceReport, Progress
+from .maintenance.retention import Unit, apply_retention
 from .names import validate_group_name, validate_stream_name
 from .records import Record, RecordBatch
 
 if TYPE_CHECKING:
     from .consumer import Consumer
-    from .maintenance.report import MaintenanceReport, Progress
-    from .maintenance.retention import Unit
     from .sequencers.base import TransactionResult
     from .transactions import StagedPart, Stager
     from .writer import Writer
@@ -333,8 +333,6 @@ class Stream(ABC):
     def _trim_for_retention(self, before: int) -> MaintenanceReport:
         """Trim for retention; returns what was deleted from storage at once (object
         logs delete later: trimmed batches become garbage for the collector)."""
-        from .maintenance.report import MaintenanceReport  # noqa: PLC0415 - a cycle
-
         self.trim(before)
         return MaintenanceReport("retention")
 
@@ -496,8 +494,6 @@ class AbstractLog(ABC):
         """Delete records that ``retention_ms``/``retention_bytes`` no longer keep (streams
         whose ``cleanup_policy`` includes ``delete``): whole segments or batches from the
         oldest, never a local stream's active segment. ``now_ms`` replaces the clock."""
-        from .maintenance.retention import apply_retention  # noqa: PLC0415 - a cycle
-
         self._check_open()
         if stream is not None:
             validate_stream_name(stream)
@@ -557,7 +553,7 @@ class AbstractLog(ABC):
     ) -> MaintenanceReport:
         """Delete stored data nothing refers to any more, once it has been unreferenced
         for ``grace_seconds`` (default 300: readers holding old locations finish first)."""
-        from .maintenance.grace import resolve_grace  # noqa: PLC0415 - a cycle
+        from .maintenance.grace import resolve_grace  # noqa: PLC0415 - grace.py imports api
 
         resolve_grace(grace_seconds)
         return self._not_applicable("gc", dry_run)
@@ -598,8 +594,7 @@ class AbstractLog(ABC):
         """Run every maintenance operation that applies to this log, in order: retention,
         compaction, merging, tiering, garbage collection (log-wide, with
         ``grace_seconds``). Returns their reports added up."""
-        from .maintenance.grace import resolve_grace  # noqa: PLC0415 - a cycle
-        from .maintenance.report import MaintenanceReport  # noqa: PLC0415 - a cycle
+        from .maintenance.grace import resolve_grace  # noqa: PLC0415 - grace.py imports api
 
         self._check_open()
         # Every argument is checked before the first step changes anything.
@@ -633,8 +628,6 @@ class AbstractLog(ABC):
     ) -> MaintenanceReport:
         """A report saying the operation does not apply; its arguments are still checked,
         so a bad one is refused on every backend alike."""
-        from .maintenance.report import MaintenanceReport  # noqa: PLC0415 - a cycle
-
         self._check_open()
         if stream is not None:
             validate_stream_name(stream)
