@@ -45,8 +45,9 @@ def replace_file(
     ``<path>.tmp-<16 hex digits>``, a unique name created exclusively (``O_EXCL``). A
     caller's own name is truncated if it exists: its scheme may repeat a name a crashed
     process left behind. ``mode`` is the temporary's permission bits (before the umask),
-    which the file keeps. Failures raise the ``OSError`` (or whatever the iterable
-    raised) after removing the temporary; ``path`` is then as it was.
+    which the file keeps. A failure before the rename raises the ``OSError`` (or
+    whatever the iterable raised) after removing the temporary, and leaves ``path`` as it
+    was; a failing directory fsync after the rename raises with the new content in place.
     """
     flags = os.O_WRONLY | os.O_CREAT
     if temporary is None:
