@@ -9,7 +9,6 @@ appends, argument checking) is implemented once here; backends supply the storag
 from __future__ import annotations
 
 import math
-import re
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -22,18 +21,18 @@ from typing import TYPE_CHECKING, Any
 from .config import StreamConfig
 from .errors import (
     ConfigError,
-    InvalidStreamName,
     LogClosedError,
     OffsetOutOfRange,
     StreamNotFound,
 )
 from .format import MAX_OFFSET, MAX_TIMESTAMP
+from .maintenance.report import MaintenanceReport, Progress
+from .maintenance.retention import Unit, apply_retention
+from .names import validate_group_name, validate_stream_name
 from .records import Record, RecordBatch
 
 if TYPE_CHECKING:
     from .consumer import Consumer
-    from .maintenance.report import MaintenanceReport, Progress
-    from .maintenance.retention import Unit
     from .sequencers.base import TransactionResult
     from .transactions import StagedPart, Stager
     from .writer import Writer
@@ -50,34 +49,6 @@ __all__ = [
     "validate_group_name",
     "validate_stream_name",
 ]
-
-_NAME = re.compile(r"[A-Za-z0-9._-]{1,249}")
-
-
-def validate_stream_name(name: object) -> str:
-    """Return ``name`` if it is a valid stream name, else raise :class:`InvalidStreamName`.
-
-    Names are 1-249 characters of ``[A-Za-z0-9._-]`` and neither ``.`` nor ``..``
-    (Kafka's topic rule). A valid name can never be a path: it has no separator.
-    """
-    if not isinstance(name, str):
-        raise InvalidStreamName(f"a stream name must be a str, not {type(name).__name__}")
-    if not _NAME.fullmatch(name) or name in (".", ".."):
-        shown = name if len(name) <= 60 else name[:57] + "..."
-        raise InvalidStreamName(
-            f"invalid stream name {shown!r}: use 1-249 characters of letters, digits, "
-            "'.', '_' and '-' (not '.' or '..')"
-        )
-    return name
-
-
-def validate_group_name(name: object) -> str:
-    """Return ``name`` if it is a valid consumer-group name (the stream-name rule), else
-    raise :class:`InvalidStreamName`."""
-    try:
-        return validate_stream_name(name)
-    except InvalidStreamName as exc:
-        raise InvalidStreamName(str(exc).replace("stream name", "consumer group name")) from None
 
 
 def check_offset(value: object, what: str) -> int:
@@ -362,8 +333,6 @@ class Stream(ABC):
     def _trim_for_retention(self, before: int) -> MaintenanceReport:
         """Trim for retention; returns what was deleted from storage at once (object
         logs delete later: trimmed batches become garbage for the collector)."""
-        from .maintenance.report import MaintenanceReport  # noqa: PLC0415 - a cycle
-
         self.trim(before)
         return MaintenanceReport("retention")
 
@@ -525,8 +494,6 @@ class AbstractLog(ABC):
         """Delete records that ``retention_ms``/``retention_bytes`` no longer keep (streams
         whose ``cleanup_policy`` includes ``delete``): whole segments or batches from the
         oldest, never a local stream's active segment. ``now_ms`` replaces the clock."""
-        from .maintenance.retention import apply_retention  # noqa: PLC0415 - a cycle
-
         self._check_open()
         if stream is not None:
             validate_stream_name(stream)
@@ -586,7 +553,7 @@ class AbstractLog(ABC):
     ) -> MaintenanceReport:
         """Delete stored data nothing refers to any more, once it has been unreferenced
         for ``grace_seconds`` (default 300: readers holding old locations finish first)."""
-        from .maintenance.grace import resolve_grace  # noqa: PLC0415 - a cycle
+        from .maintenance.grace import resolve_grace  # noqa: PLC0415 - grace.py imports api
 
         resolve_grace(grace_seconds)
         return self._not_applicable("gc", dry_run)
@@ -627,8 +594,7 @@ class AbstractLog(ABC):
         """Run every maintenance operation that applies to this log, in order: retention,
         compaction, merging, tiering, garbage collection (log-wide, with
         ``grace_seconds``). Returns their reports added up."""
-        from .maintenance.grace import resolve_grace  # noqa: PLC0415 - a cycle
-        from .maintenance.report import MaintenanceReport  # noqa: PLC0415 - a cycle
+        from .maintenance.grace import resolve_grace  # noqa: PLC0415 - grace.py imports api
 
         self._check_open()
         # Every argument is checked before the first step changes anything.
@@ -662,8 +628,6 @@ class AbstractLog(ABC):
     ) -> MaintenanceReport:
         """A report saying the operation does not apply; its arguments are still checked,
         so a bad one is refused on every backend alike."""
-        from .maintenance.report import MaintenanceReport  # noqa: PLC0415 - a cycle
-
         self._check_open()
         if stream is not None:
             validate_stream_name(stream)

@@ -29,10 +29,11 @@ from typing import Any, BinaryIO, Literal
 from . import __version__
 from . import open as open_log
 from .api import AbstractLog as Log
-from .api import Stream, StreamInfo, validate_stream_name
+from .api import Stream, StreamInfo
 from .config import StreamConfig
 from .errors import CorruptDataError, DisklessLogError, StreamNotFound
 from .maintenance import cli as maintenance_commands
+from .names import validate_stream_name
 from .records import Record
 
 __all__ = ["main"]

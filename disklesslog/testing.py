@@ -45,6 +45,7 @@ transit and latency without a network.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import random
 import time
@@ -60,6 +61,9 @@ from fsspec.implementations.memory import MemoryFileSystem
 import disklesslog
 
 from .api import AbstractLog
+from .sequencers.memory import MemorySequencer
+from .servers.azurite import azure_storage_options, azurite_binary, azurite_server
+from .servers.postgres import postgres_server as run_postgres
 from .servers.s3 import moto_s3_server, s3_storage_options
 
 __all__ = [
@@ -210,8 +214,6 @@ def local_log(disklesslog_open: Callable[..., AbstractLog]) -> AbstractLog:
 
 @pytest.fixture
 def memory_log() -> Iterator[AbstractLog]:
-    from .sequencers.memory import MemorySequencer  # noqa: PLC0415 - plugin stays light
-
     url = f"memory://disklesslog-test-{uuid.uuid4().hex}/log"
     log = disklesslog.open(url, sequencer=MemorySequencer())
     yield log
@@ -220,8 +222,6 @@ def memory_log() -> Iterator[AbstractLog]:
 
 
 def _remove_memory_files(url: str) -> None:
-    import fsspec  # noqa: PLC0415
-
     fs, root = fsspec.core.url_to_fs(url)
     if fs.exists(root):
         fs.rm(root, recursive=True)
@@ -231,7 +231,7 @@ def _remove_memory_files(url: str) -> None:
 def s3_server() -> Iterator[str]:
     """A moto S3 server process on a free port of 127.0.0.1, for the whole session."""
     try:
-        import moto.server  # noqa: F401, PLC0415
+        import moto.server  # noqa: F401, PLC0415 - an optional dependency, checked here
     except ImportError:
         pytest.fail("the s3 fixtures need moto[server] and s3fs: pip install 'disklesslog[dev]'")
     with moto_s3_server() as endpoint:
@@ -247,8 +247,6 @@ def s3_log(s3_server: str) -> Iterator[AbstractLog]:
 def azure_server() -> Iterator[str]:
     """Azurite's blob service on a free port of 127.0.0.1, for the whole session; yields
     the development account's blob endpoint (``http://127.0.0.1:N/devstoreaccount1``)."""
-    from .servers.azurite import azurite_binary, azurite_server  # noqa: PLC0415
-
     _require_client("adlfs", "azure")
     try:
         binary = azurite_binary()
@@ -260,8 +258,6 @@ def azure_server() -> Iterator[str]:
 
 @pytest.fixture
 def azure_log(azure_server: str) -> Iterator[AbstractLog]:
-    from .servers.azurite import azure_storage_options  # noqa: PLC0415
-
     yield from _log_in_new_bucket("az", azure_storage_options(azure_server))
 
 
@@ -270,7 +266,9 @@ def gcs_server() -> Iterator[str]:
     """fake-gcs-server (in memory) on a free port of 127.0.0.1, for the whole session;
     yields its endpoint URL."""
     # Importing the module sets GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT=false before gcsfs is
-    # imported; otherwise every bucket access stalls 60 s on a gRPC probe.
+    # imported; otherwise every bucket access stalls 60 s on a gRPC probe. Imported here,
+    # so that only sessions using these fixtures get the variable, not every session this
+    # plugin is loaded into.
     from .servers.gcs import check_gcsfs_import, fake_gcs_binary, fake_gcs_server  # noqa: PLC0415
 
     _require_client("gcsfs", "gcs")
@@ -285,7 +283,7 @@ def gcs_server() -> Iterator[str]:
 
 @pytest.fixture
 def gcs_log(gcs_server: str) -> Iterator[AbstractLog]:
-    from .servers.gcs import gcs_storage_options  # noqa: PLC0415 - sets the gcsfs variable
+    from .servers.gcs import gcs_storage_options  # noqa: PLC0415 - see gcs_server
 
     yield from _log_in_new_bucket("gs", gcs_storage_options(gcs_server))
 
@@ -324,10 +322,6 @@ def _require_client(module: str, extra: str) -> None:
 def postgres_server() -> Iterator[str]:
     """A PostgreSQL server on a free port of 127.0.0.1 for the whole session; yields its
     URL. Fails the test (not the session) with the reason if the server cannot start."""
-    import contextlib  # noqa: PLC0415 - the plugin stays light for tests without servers
-
-    from .servers.postgres import postgres_server as run_postgres  # noqa: PLC0415
-
     with contextlib.ExitStack() as stack:
         try:
             url = stack.enter_context(run_postgres())

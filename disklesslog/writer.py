@@ -25,7 +25,6 @@ from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any
 
-from .api import validate_stream_name
 from .config import StreamConfig, require_keys
 from .errors import ConfigError, DisklessLogError, LogClosedError
 from .format import (
@@ -36,6 +35,7 @@ from .format import (
     check_record,
     prepare_batch,
 )
+from .names import validate_stream_name
 
 __all__ = ["Writer"]
 

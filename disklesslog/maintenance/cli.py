@@ -218,7 +218,7 @@ def _progress(enabled: bool) -> Iterator[Progress | None]:
     if not enabled:
         yield None
         return
-    from tqdm import tqdm  # noqa: PLC0415 - only for the maintenance commands
+    from tqdm import tqdm  # noqa: PLC0415 - slow to import: only when bars are drawn
 
     bars: dict[str, Any] = {}
 

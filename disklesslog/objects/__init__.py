@@ -31,7 +31,7 @@ def _fsspec_knows(scheme: str) -> bool:
 
 def __getattr__(name: str) -> Any:
     if name in __all__:
-        from . import log  # noqa: PLC0415 - loaded on first use
+        from . import log  # noqa: PLC0415 - keeps fsspec out of `import disklesslog`
 
         return getattr(log, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

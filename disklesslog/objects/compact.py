@@ -41,7 +41,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from ..api import validate_stream_name
 from ..config import StreamConfig
 from ..errors import DataLossError, StreamNotFound
 from ..format import EncodedBatch
@@ -58,6 +57,7 @@ from ..maintenance.compaction import (
     target_batch_bytes,
 )
 from ..maintenance.report import MaintenanceReport, Progress
+from ..names import validate_stream_name
 from ..records import RecordBatch
 from ..sequencers.base import BatchLocation
 from .rewrite import SourceReader, live_snapshot, replaced_meanwhile, swap, upload

@@ -21,8 +21,6 @@ from ..api import (
     check_offset,
     check_read_arguments,
     check_timestamp,
-    validate_group_name,
-    validate_stream_name,
 )
 from ..config import StreamConfig
 from ..errors import (
@@ -36,20 +34,26 @@ from ..maintenance.report import MaintenanceReport, Progress
 from ..maintenance.retention import Unit
 from ..markers import MARKER, check_marker, marker_bytes
 from ..metrics import Metrics
+from ..names import validate_group_name, validate_stream_name
 from ..projection import OFFSETS
 from ..records import RecordBatch
 from ..sequencers import Sequencer, open_sequencer
 from ..sequencers.base import BatchLocation
 from ..sequencers.common import out_of_range
+from ..sequencers.objectstore import ObjectStoreSequencer
+from ..storage.atomic import TEMPORARY_INFIX
 from . import reader
 from .cache import BlockCache, default_cache
+from .compact import compact
+from .gc import collect_garbage
+from .merge import merge
+from .stage import ObjectStager, abort_transaction, commit_transaction
 from .storage import OBJECTS, SEQUENCER_DIR, ObjectStorage, open_filesystem
 from .writer import DEFAULT_INFLIGHT, ObjectWriter
 
 if TYPE_CHECKING:
     from ..sequencers.base import TransactionResult
     from ..transactions import StagedPart
-    from .stage import ObjectStager
 
 __all__ = ["ObjectLog", "ObjectStream"]
 
@@ -230,8 +234,6 @@ class ObjectLog(AbstractLog):
 
     def stager(self, *, max_object_bytes: int | None = None) -> ObjectStager:
         """A stager uploading ``….staged`` objects (see :mod:`disklesslog.objects.stage`)."""
-        from .stage import ObjectStager  # noqa: PLC0415 - loaded on use
-
         self._check_open()
         return ObjectStager(self, max_object_bytes=max_object_bytes)
 
@@ -240,14 +242,10 @@ class ObjectLog(AbstractLog):
     ) -> TransactionResult:
         """All parts' objects in one :meth:`Sequencer.commit_transaction`: atomic across
         every object and stream, whatever the sequencer."""
-        from .stage import commit_transaction  # noqa: PLC0415 - loaded on use
-
         self._check_open()
         return commit_transaction(self, transaction_id, parts)
 
     def abort_transaction(self, parts: Iterable[StagedPart]) -> None:
-        from .stage import abort_transaction  # noqa: PLC0415 - loaded on use
-
         self._check_open()
         abort_transaction(self, parts)
 
@@ -335,8 +333,6 @@ class ObjectLog(AbstractLog):
         batches below the active tail (the last ``segment_bytes``, or younger than
         ``segment_ms``) are rewritten into ``….compacted`` objects holding the latest
         record per key, swapped in atomically; offsets never change."""
-        from .compact import compact  # noqa: PLC0415 - maintenance is loaded on use
-
         self._check_open()
         if now_ms is not None:
             check_timestamp(now_ms, "now_ms")
@@ -356,8 +352,6 @@ class ObjectLog(AbstractLog):
         (64 MiB), swapped in atomically, so its reads touch few large objects. A run
         smaller than a quarter of that waits until its oldest object is 10 minutes old
         (by ``now_ms``, default the clock)."""
-        from .merge import merge  # noqa: PLC0415 - maintenance is loaded on use
-
         self._check_open()
         if now_ms is not None:
             check_timestamp(now_ms, "now_ms")
@@ -381,8 +375,6 @@ class ObjectLog(AbstractLog):
         held no live batch for ``grace_seconds`` (default 300), then objects in storage
         the sequencer never knew (uploads whose commit never came) once they are older
         than that and at least 5 minutes old."""
-        from .gc import collect_garbage  # noqa: PLC0415 - maintenance is loaded on use
-
         self._check_open()
         return collect_garbage(
             self, dry_run=dry_run, progress=progress, grace_seconds=grace_seconds
@@ -629,7 +621,7 @@ files) is ours too: see :func:`_is_own`."""
 
 def _is_own(name: str) -> bool:
     """Whether ``name`` is one of :data:`OWN_ENTRIES` or a temporary file of one."""
-    base, sep, tail = name.partition(".tmp-")
+    base, sep, tail = name.partition(TEMPORARY_INFIX)
     if sep and tail:
         return base in OWN_ENTRIES
     return name in OWN_ENTRIES
@@ -696,12 +688,12 @@ def _local_sqlite(local: str, *, existing: bool) -> Sequencer:
     creates its tables before :class:`ObjectLog` writes the marker, so once the marker
     exists (``existing``) the database must hold them: missing or empty, it was lost
     (DataLossError), and a new one would hand out the log's offsets from 0 again."""
-    from ..sequencers.sqlite import SqliteSequencer  # noqa: PLC0415 - lazy, as the registry
+    # Imported here, as the sequencer registry does: logs elsewhere never need sqlite3,
+    # which some Python builds lack.
+    from ..sequencers.sqlite import SqliteSequencer  # noqa: PLC0415
 
     return SqliteSequencer(f"{local}/{SQLITE_NAME}", existing=existing)
 
 
 def _objectstore(fs: Any, root: str, url: str | None = None) -> Sequencer:
-    from ..sequencers.objectstore import ObjectStoreSequencer  # noqa: PLC0415 - lazy
-
     return ObjectStoreSequencer(fs, root, url=url)

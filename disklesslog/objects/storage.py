@@ -21,7 +21,6 @@ the sequencer never knew by it.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import os
 import re
@@ -41,6 +40,7 @@ from ..errors import (
 )
 from ..metrics import Metrics
 from ..retries import ATTEMPTS, DELAY, retrying
+from ..storage.atomic import replace_file
 
 __all__ = [
     "COMPACTED",
@@ -215,14 +215,9 @@ class ObjectStorage:
         if self._local is None:
             self.fs.pipe_file(path, data)
             return
-        temporary = f"{path}.tmp-{secrets.token_hex(8)}"
-        try:
-            self.fs.pipe_file(temporary, data)
-            os.replace(temporary, path)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(temporary)
-            raise
+        if self.fs.auto_mkdir:  # as fsspec's local files do before a write
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+        replace_file(path, data, sync=False)
 
     def get_range(self, key: str, start: int, end: int) -> bytes:
         """Bytes ``[start, end)`` of an object (fewer at its end), retrying failed GETs.

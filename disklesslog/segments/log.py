@@ -40,8 +40,6 @@ from ..api import (
     check_offset,
     check_read_arguments,
     check_timestamp,
-    validate_group_name,
-    validate_stream_name,
 )
 from ..config import StreamConfig, require_keys
 from ..errors import (
@@ -58,10 +56,12 @@ from ..maintenance.grace import resolve_grace
 from ..maintenance.report import MaintenanceReport, Progress
 from ..maintenance.retention import Unit
 from ..metrics import Metrics
+from ..names import validate_group_name, validate_stream_name
 from ..oserrors import as_storage_error, typed_os_errors
 from ..projection import COLUMNS, OFFSETS, Part, Projection
 from ..records import RecordBatch, limit_records
 from ..sequencers.base import TransactionResult
+from ..storage.atomic import fsync_directory
 from ..transactions import StagedPart
 from ..writer import Writer
 from . import groups, reader, tiering, transactions
@@ -77,7 +77,6 @@ from .layout import (
     check_log_directory,
     clean_staging,
     encode_json,
-    fsync_directory,
     read_json,
     segment_name,
     write_json,

@@ -35,7 +35,7 @@ import os
 import secrets
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -51,7 +51,8 @@ from ..format import crc32c
 from ..markers import MARKER, check_marker
 from ..metrics import Metrics
 from ..retries import ATTEMPTS, pause, retrying
-from .layout import TMP, encode_json, fsync_directory, read_json
+from ..storage.atomic import fsync_directory, replace_file
+from .layout import TMP, encode_json, read_json
 
 if TYPE_CHECKING:
     from ..objects.cache import BlockCache
@@ -421,24 +422,9 @@ class Tier:
     def _write_local(
         path: str, data: bytes | int, size: int, progress: Callable[[int], None], *, sync: bool
     ) -> None:
-        directory = os.path.dirname(path)
-        os.makedirs(directory, exist_ok=True)
-        temporary = f"{path}.tmp-{secrets.token_hex(8)}"
-        try:
-            with open(temporary, "xb") as out:
-                for chunk in [data] if isinstance(data, bytes) else _chunks(data, size):
-                    out.write(chunk)
-                    progress(len(chunk))
-                out.flush()
-                if sync:
-                    os.fsync(out.fileno())
-            os.replace(temporary, path)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(temporary)
-            raise
-        if sync:
-            fsync_directory(Path(directory))
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        chunks = [data] if isinstance(data, bytes) else _chunks(data, size)
+        replace_file(path, _reporting(chunks, progress), sync=sync)
 
     def checksum(self, key: str, expected_size: int) -> tuple[int, int] | None:
         """``(size, crc32c)`` of the object as stored, read back in full (requests
@@ -574,6 +560,14 @@ def _chunks(fd: int, size: int) -> Iterator[bytes]:
             raise OSError(f"the file ends at byte {position}, expected {size} bytes")
         yield chunk
         position += len(chunk)
+
+
+def _reporting(chunks: Iterable[bytes], progress: Callable[[int], None]) -> Iterator[bytes]:
+    """``chunks``, passing each one's size to ``progress`` once it was written (when
+    the writer asks for the next)."""
+    for chunk in chunks:
+        yield chunk
+        progress(len(chunk))
 
 
 def _pread_all(fd: int, size: int) -> bytes:

@@ -74,6 +74,7 @@ from ..sequencers.base import (
     TransactionResult,
 )
 from ..sequencers.common import check_transaction_id
+from ..storage.atomic import fsync_directory
 from ..transactions import (
     STAGED_MAX_AGE,
     STAGED_UNKNOWN_MIN_AGE,
@@ -88,7 +89,6 @@ from .layout import (
     decode_json,
     encode_json,
     flocked,
-    fsync_directory,
     write_durably,
 )
 

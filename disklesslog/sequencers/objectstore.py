@@ -56,7 +56,6 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..api import validate_stream_name
 from ..errors import (
     ConfigError,
     CorruptDataError,
@@ -68,6 +67,7 @@ from ..errors import (
     SequencerError,
     StorageError,
 )
+from ..names import validate_stream_name
 from .base import (
     BatchLocation,
     BatchPage,

@@ -15,8 +15,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..api import AbstractLog, validate_stream_name
+from ..api import AbstractLog
 from ..errors import ConfigError, InvalidStreamName
+from ..names import validate_stream_name
 from ..urls import open_log, split_url
 
 __all__ = [

@@ -48,8 +48,8 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from ..api import validate_stream_name
 from ..errors import ConfigError, DisklessLogError, InvalidStreamName
+from ..names import validate_stream_name
 from ..sequencers.base import TransactionResult
 from ..transactions import StagedPart, Stager
 from .options import LogOptions, _get, check_known, parse_log_options, parse_positive_int
