@@ -319,20 +319,25 @@ class Stream(ABC):
         return self.info().config
 
     # ------------------------------------------------------ maintenance hooks
+    # For the package's own modules: the one retention rule
+    # (:func:`disklesslog.maintenance.retention.apply_retention`) runs on every backend
+    # through these three, each backend saying what its units are and how it trims.
 
     @abstractmethod
-    def _retention_units(self) -> tuple[list[Unit], int]:
+    def retention_units(self) -> tuple[list[Unit], int]:
         """What retention judges: the pieces it may drop whole, oldest first (closed
         segments, tiered segments, batches), and the bytes after them that always stay
-        (the active segment)."""
+        (the active segment). For the package's own modules (retention)."""
 
-    def _unit_name(self, count: int) -> str:
-        """What :meth:`_retention_units` returns, for reports ("segments", "batches")."""
+    def retention_unit_name(self, count: int) -> str:
+        """What :meth:`retention_units` returns, for reports ("segments", "batches").
+        For the package's own modules (retention's report)."""
         return "unit" if count == 1 else "units"
 
-    def _trim_for_retention(self, before: int) -> MaintenanceReport:
+    def trim_for_retention(self, before: int) -> MaintenanceReport:
         """Trim for retention; returns what was deleted from storage at once (object
-        logs delete later: trimmed batches become garbage for the collector)."""
+        logs delete later: trimmed batches become garbage for the collector). For the
+        package's own modules (retention, whose report counts what it freed)."""
         self.trim(before)
         return MaintenanceReport("retention")
 
@@ -370,7 +375,13 @@ class AbstractLog(ABC):
     ) -> None:
         self.close()
 
-    def _check_open(self) -> None:
+    def check_open(self) -> None:
+        """Raise :class:`~disklesslog.LogClosedError` once the log is closed.
+
+        For the package's own modules: a stream handle may still be used after its log
+        was closed, so a backend's stream calls check their log first, as the log's own
+        calls do.
+        """
         if self._closed:
             raise LogClosedError(f"{self._url} is closed")
 
@@ -494,7 +505,7 @@ class AbstractLog(ABC):
         """Delete records that ``retention_ms``/``retention_bytes`` no longer keep (streams
         whose ``cleanup_policy`` includes ``delete``): whole segments or batches from the
         oldest, never a local stream's active segment. ``now_ms`` replaces the clock."""
-        self._check_open()
+        self.check_open()
         if stream is not None:
             validate_stream_name(stream)
         if now_ms is not None:
@@ -596,7 +607,7 @@ class AbstractLog(ABC):
         ``grace_seconds``). Returns their reports added up."""
         from .maintenance.grace import resolve_grace  # noqa: PLC0415 - grace.py imports api
 
-        self._check_open()
+        self.check_open()
         # Every argument is checked before the first step changes anything.
         if stream is not None:
             validate_stream_name(stream)
@@ -628,7 +639,7 @@ class AbstractLog(ABC):
     ) -> MaintenanceReport:
         """A report saying the operation does not apply; its arguments are still checked,
         so a bad one is refused on every backend alike."""
-        self._check_open()
+        self.check_open()
         if stream is not None:
             validate_stream_name(stream)
         if now_ms is not None:

@@ -92,14 +92,14 @@ def compact(
     report = MaintenanceReport("compaction", dry_run=dry_run)
     now = int(time.time() * 1000) if now_ms is None else now_ms
     if stream is not None:
-        require_compacted(stream, object_log._current_config(validate_stream_name(stream)))
+        require_compacted(stream, object_log.current_config(validate_stream_name(stream)))
         names = [stream]
     else:
         names = object_log.streams()
     meter = _Meter(progress)
     for name in names:
         try:
-            config = object_log._current_config(name)
+            config = object_log.current_config(name)
         except StreamNotFound:
             continue  # deleted since it was listed
         if not config.compacted:

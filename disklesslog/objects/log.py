@@ -83,6 +83,8 @@ class ObjectLog(AbstractLog):
         and a sequencer it opened; use :func:`disklesslog.open`."""
         super().__init__(url)
         self._defaults = stream_defaults
+        # What metrics() reports: the storage's counters, where the package's readers,
+        # writers, stagers and maintenance count too (as ``log.storage.metrics``).
         self._metrics = storage.metrics
         self.storage = storage
         self.sequencer = sequencer
@@ -102,11 +104,11 @@ class ObjectLog(AbstractLog):
     # ----------------------------------------------------------------- streams
 
     def stream(self, name: str) -> ObjectStream:
-        self._check_open()
+        self.check_open()
         return ObjectStream(self, validate_stream_name(name))
 
     def create_stream(self, name: str, **config: Any) -> ObjectStream:
-        self._check_open()
+        self.check_open()
         validate_stream_name(name)
         wanted = self._defaults.replace(**config)
         try:  # an existing stream is a read (creating is an entry on the object store)
@@ -123,14 +125,14 @@ class ObjectLog(AbstractLog):
         return ObjectStream(self, name)
 
     def streams(self) -> list[str]:
-        self._check_open()
+        self.check_open()
         return self.sequencer.list_streams()
 
     def alter_stream(self, name: str, **changes: Any) -> StreamConfig:
         """Change maintenance settings of ``name`` in the sequencer (see
         :data:`~disklesslog.config.ALTERABLE`); every process's maintenance reads them
         from there."""
-        self._check_open()
+        self.check_open()
         validate_stream_name(name)
         current = StreamConfig.from_dict(self.sequencer.stream_info(name).config)
         new = current.altered(**changes).to_dict()
@@ -141,7 +143,7 @@ class ObjectLog(AbstractLog):
         return config
 
     def delete_stream(self, name: str) -> None:
-        self._check_open()
+        self.check_open()
         validate_stream_name(name)
         # A refusal the sequencer would judge costs the object-store sequencer an entry
         # (operations are judged on replay): a missing stream is found by a read first.
@@ -150,9 +152,13 @@ class ObjectLog(AbstractLog):
         with self._lock:
             self._configs.pop(name, None)
 
-    def _stream_config(self, name: str, *, create: bool) -> StreamConfig | None:
+    def stream_config(self, name: str, *, create: bool) -> StreamConfig | None:
         """A stream's config (cached: it is fixed for the stream's life), creating the
-        stream with the defaults if asked; ``None`` if it does not exist."""
+        stream with the defaults if asked; ``None`` if it does not exist.
+
+        For the package's own modules: writers and stagers encode a stream's batches
+        with its settings, and reads bound a batch's size by them, without a sequencer
+        read per call."""
         config = self._configs.get(name)
         if config is not None:
             return config
@@ -167,17 +173,23 @@ class ObjectLog(AbstractLog):
             self._configs[name] = config
         return config
 
-    def _current_config(self, name: str) -> StreamConfig:
+    def current_config(self, name: str) -> StreamConfig:
         """A stream's config as the sequencer has it now (StreamNotFound if it does not
         exist): for decisions that must not act on a stream deleted and created again
-        with other settings by another process since this one cached its config."""
+        with other settings by another process since this one cached its config.
+
+        For the package's own modules: compaction and merges judge a stream by its
+        settings of now, and a writer refreshes them when its stream was recreated."""
         config = StreamConfig.from_dict(self.sequencer.stream_info(name).config)
         with self._lock:
             self._configs[name] = config
         return config
 
-    def _ensure_stream(self, name: str, config: StreamConfig | None) -> None:
-        """Create ``name`` (with ``config`` or the defaults) unless it exists."""
+    def ensure_stream(self, name: str, config: StreamConfig | None) -> None:
+        """Create ``name`` (with ``config`` or the defaults) unless it exists.
+
+        For the package's own modules: a writer's first flush to a stream, and a
+        transaction's commit, create the streams they write to that do not exist yet."""
         meta = self.sequencer.create_stream(name, (config or self._defaults).to_dict())
         with self._lock:
             self._configs[name] = StreamConfig.from_dict(meta.config)
@@ -202,7 +214,7 @@ class ObjectLog(AbstractLog):
         producer: opening a writer with the same name elsewhere fences this one (its
         next flush raises ProducerFenced).
         """
-        self._check_open()
+        self.check_open()
         if max_buffer_bytes is not None and max_object_bytes is not None:
             raise ConfigError("give max_object_bytes or max_buffer_bytes, not both")
         size = max_object_bytes if max_object_bytes is not None else max_buffer_bytes
@@ -216,11 +228,14 @@ class ObjectLog(AbstractLog):
         self._writers.add(w)
         return w
 
-    def _writer_for_appends(self) -> ObjectWriter:
+    def writer_for_appends(self) -> ObjectWriter:
         """The writer behind ``Stream.append``: it flushes as soon as it can, so appends
-        from many threads share objects and commits."""
+        from many threads share objects and commits.
+
+        For the package's own modules: :class:`ObjectStream` appends through it, and
+        the log owns it (one per log, closed with the log)."""
         with self._lock:
-            self._check_open()
+            self.check_open()
             if self._append_writer is None or self._append_writer.closed:
                 self._append_writer = ObjectWriter(
                     self,
@@ -234,7 +249,7 @@ class ObjectLog(AbstractLog):
 
     def stager(self, *, max_object_bytes: int | None = None) -> ObjectStager:
         """A stager uploading ``….staged`` objects (see :mod:`disklesslog.objects.stage`)."""
-        self._check_open()
+        self.check_open()
         return ObjectStager(self, max_object_bytes=max_object_bytes)
 
     def commit_transaction(
@@ -242,11 +257,11 @@ class ObjectLog(AbstractLog):
     ) -> TransactionResult:
         """All parts' objects in one :meth:`Sequencer.commit_transaction`: atomic across
         every object and stream, whatever the sequencer."""
-        self._check_open()
+        self.check_open()
         return commit_transaction(self, transaction_id, parts)
 
     def abort_transaction(self, parts: Iterable[StagedPart]) -> None:
-        self._check_open()
+        self.check_open()
         abort_transaction(self, parts)
 
     # ------------------------------------------------------------------ reads
@@ -333,7 +348,7 @@ class ObjectLog(AbstractLog):
         batches below the active tail (the last ``segment_bytes``, or younger than
         ``segment_ms``) are rewritten into ``….compacted`` objects holding the latest
         record per key, swapped in atomically; offsets never change."""
-        self._check_open()
+        self.check_open()
         if now_ms is not None:
             check_timestamp(now_ms, "now_ms")
         return compact(self, stream, dry_run=dry_run, progress=progress, now_ms=now_ms, force=force)
@@ -352,7 +367,7 @@ class ObjectLog(AbstractLog):
         (64 MiB), swapped in atomically, so its reads touch few large objects. A run
         smaller than a quarter of that waits until its oldest object is 10 minutes old
         (by ``now_ms``, default the clock)."""
-        self._check_open()
+        self.check_open()
         if now_ms is not None:
             check_timestamp(now_ms, "now_ms")
         return merge(
@@ -375,7 +390,7 @@ class ObjectLog(AbstractLog):
         held no live batch for ``grace_seconds`` (default 300), then objects in storage
         the sequencer never knew (uploads whose commit never came) once they are older
         than that and at least 5 minutes old."""
-        self._check_open()
+        self.check_open()
         return collect_garbage(
             self, dry_run=dry_run, progress=progress, grace_seconds=grace_seconds
         )
@@ -383,7 +398,7 @@ class ObjectLog(AbstractLog):
     # -------------------------------------------------------- consumer groups
 
     def commit_offsets(self, group: str, offsets: Mapping[str, int]) -> None:
-        self._check_open()
+        self.check_open()
         validate_group_name(group)
         if not isinstance(offsets, Mapping):
             raise ConfigError("offsets must be a mapping of stream name to next offset")
@@ -396,7 +411,7 @@ class ObjectLog(AbstractLog):
         self.sequencer.commit_offsets(group, checked)
 
     def committed_offsets(self, group: str) -> dict[str, int]:
-        self._check_open()
+        self.check_open()
         return self.sequencer.committed_offsets(validate_group_name(group))
 
     # -------------------------------------------------------------- lifecycle
@@ -438,7 +453,7 @@ class ObjectStream(Stream):
         timestamp: int | None = None,
     ) -> int:
         """Append one record; returns once its object is stored and committed."""
-        writer = self._log._writer_for_appends()
+        writer = self._log.writer_for_appends()
         return writer.append(self._name, value, key, headers, timestamp).result()
 
     def append_batch(
@@ -449,7 +464,7 @@ class ObjectStream(Stream):
         headers: Iterable[Any] | None = None,
         timestamps: int | Sequence[int] | None = None,
     ) -> list[int]:
-        writer = self._log._writer_for_appends()
+        writer = self._log.writer_for_appends()
         future = writer.append_batch(
             self._name, values, keys=keys, headers=headers, timestamps=timestamps
         )
@@ -458,34 +473,34 @@ class ObjectStream(Stream):
     def read_batches(
         self, start: int | None = None, end: int | None = None, *, max_records: int | None = None
     ) -> Iterator[RecordBatch]:
-        self._log._check_open()
+        self._log.check_open()
         check_read_arguments(start, end, max_records)
         return reader.read_batches(self._log, self._name, start, end, max_records)
 
     def read_offsets(
         self, start: int | None = None, end: int | None = None
     ) -> Iterator[Sequence[int]]:
-        self._log._check_open()
+        self._log.check_open()
         check_read_arguments(start, end, None)
         return reader.read(self._log, self._name, start, end, OFFSETS)
 
     def offset_for_time(self, timestamp_ms: int) -> int | None:
-        self._log._check_open()
+        self._log.check_open()
         check_timestamp(timestamp_ms, "timestamp_ms")
         return reader.offset_for_time(self._log, self._name, timestamp_ms)
 
     @property
     def start_offset(self) -> int:
-        self._log._check_open()
+        self._log.check_open()
         return self._log.sequencer.stream_info(self._name).start_offset
 
     @property
     def end_offset(self) -> int:
-        self._log._check_open()
+        self._log.check_open()
         return self._log.sequencer.stream_info(self._name).end_offset
 
     def trim(self, before_offset: int) -> None:
-        self._log._check_open()
+        self._log.check_open()
         check_offset(before_offset, "before_offset")
         # Judged by a read first: a trim of a missing stream, past the end or backwards
         # (a no-op) writes nothing, not even an entry of the object-store sequencer.
@@ -499,11 +514,11 @@ class ObjectStream(Stream):
     def config(self) -> StreamConfig:
         """The stream's settings, from the sequencer, without listing its batches as
         :meth:`info` does."""
-        self._log._check_open()
-        return self._log._current_config(self._name)
+        self._log.check_open()
+        return self._log.current_config(self._name)
 
     def info(self) -> StreamInfo:
-        self._log._check_open()
+        self._log.check_open()
         meta = self._log.sequencer.stream_info(self._name)
         size = 0
         seen: set[str] = set()
@@ -524,15 +539,15 @@ class ObjectStream(Stream):
             },
         )
 
-    def _retention_units(self) -> tuple[list[Unit], int]:
-        self._log._check_open()
+    def retention_units(self) -> tuple[list[Unit], int]:
+        self._log.check_open()
         units = [
             Unit(b.base_offset, b.last_offset + 1, b.size, b.max_timestamp)
             for b in self._log.live_batches(self._name)
         ]
         return units, 0
 
-    def _unit_name(self, count: int) -> str:
+    def retention_unit_name(self, count: int) -> str:
         return "batch" if count == 1 else "batches"
 
 

@@ -87,7 +87,7 @@ def merge(
     planned: list[_Piece] = []
     for name in names:
         try:
-            config = object_log._current_config(name)
+            config = object_log.current_config(name)
             batches = live_snapshot(object_log, name)
         except StreamNotFound:
             continue  # deleted since it was listed

@@ -92,6 +92,7 @@ class SequencerStorage:
         for path in paths:
             got = fetched.get(path)
             if got is None:  # some filesystems key the answers by the stripped path
+                # fsspec's own normalisation, which cat() applied (it has no public name)
                 got = fetched.get(self.fs._strip_protocol(path))
             if isinstance(got, FileNotFoundError):
                 found.append(None)

@@ -299,7 +299,7 @@ def test_retention_past_the_local_start_trims_both_parts(tmp_path: Path) -> None
     log.apply_retention(now_ms=NOW)
     stream = log.stream("s")
     start = stream.start_offset
-    units, tail = stream._retention_units()
+    units, tail = stream.retention_units()
     assert sum(u.size for u in units) + tail >= 3_000
     assert start == _local_start(stream)  # every tiered segment went, and local ones too
     assert _rows(stream) == ref[start:]
