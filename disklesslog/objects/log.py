@@ -41,9 +41,10 @@ from ..records import RecordBatch
 from ..sequencers import Sequencer, open_sequencer
 from ..sequencers.base import BatchLocation
 from ..sequencers.common import out_of_range
+from ..storage.cache import BlockCache, default_cache
+from ..storage.filesystems import open_filesystem
 from . import reader
-from .cache import BlockCache, default_cache
-from .storage import OBJECTS, SEQUENCER_DIR, ObjectStorage, open_filesystem
+from .storage import OBJECTS, SEQUENCER_DIR, ObjectStorage
 from .writer import DEFAULT_INFLIGHT, ObjectWriter
 
 if TYPE_CHECKING:

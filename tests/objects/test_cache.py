@@ -22,8 +22,8 @@ import disklesslog
 from disklesslog.errors import ConfigError
 from disklesslog.format import crc32c
 from disklesslog.metrics import Metrics
-from disklesslog.objects import cache as cache_module
-from disklesslog.objects.cache import (
+from disklesslog.storage import cache as cache_module
+from disklesslog.storage.cache import (
     BlockCache,
     configure_default_cache,
     default_cache,
