@@ -21,7 +21,7 @@ Every kind of call is covered, in five operation groups that ``operations`` sele
 ``read`` (``cat_file``, ``cat``, ``open`` for reading), ``write`` (``pipe_file``,
 ``put_file``, ``open`` for writing, whose ``close`` is the PUT), ``create`` (the
 conditional create ``pipe_file(mode="create")`` that
-:func:`disklesslog.sequencers.conditional.put_if_absent` sends; done atomically on the
+:func:`disklesslog.storage.conditional.put_if_absent` sends; done atomically on the
 target), ``list`` (``ls``, ``find``, ``info``, ``exists``) and ``delete`` (``rm_file``,
 ``rm``). ``match`` (a regular expression searched in the path) narrows faults to some
 paths. The exceptions raised are the ones clients raise: :class:`ConnectionError`,
@@ -58,7 +58,7 @@ from typing import Any
 import fsspec
 from fsspec.spec import AbstractFileSystem
 
-from .sequencers.conditional import put_if_absent
+from .storage.conditional import put_if_absent
 
 __all__ = [
     "FAULTS",

@@ -42,13 +42,14 @@ from ..sequencers.base import BatchLocation
 from ..sequencers.common import out_of_range
 from ..sequencers.objectstore import ObjectStoreSequencer
 from ..storage.atomic import TEMPORARY_INFIX
+from ..storage.cache import BlockCache, default_cache
+from ..storage.filesystems import open_filesystem
 from . import reader
-from .cache import BlockCache, default_cache
 from .compact import compact
 from .gc import collect_garbage
 from .merge import merge
 from .stage import ObjectStager, abort_transaction, commit_transaction
-from .storage import OBJECTS, SEQUENCER_DIR, ObjectStorage, open_filesystem
+from .storage import OBJECTS, SEQUENCER_DIR, ObjectStorage
 from .writer import DEFAULT_INFLIGHT, ObjectWriter
 
 if TYPE_CHECKING:

@@ -23,7 +23,7 @@ cache), not in storage: its range is fetched again straight from storage, bypass
 replacing the cached blocks, a bounded number of times (:mod:`disklesslog.retries`)
 before it is reported as :class:`~disklesslog.CorruptDataError`. Reads use the cache as
 a checked reader: each run's bytes that passed are confirmed to it, so only they reach
-its disk tier (:mod:`disklesslog.objects.cache`).
+its disk tier (:mod:`disklesslog.storage.cache`).
 """
 
 from __future__ import annotations

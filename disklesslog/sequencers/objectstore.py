@@ -5,7 +5,7 @@ Every process keeps a full replica of the sequencer's state in memory (a
 applying **entries**, objects named ``<root>/log/<20-digit number>`` in the same bucket
 as the data. An entry lists operations (commit, trim, create stream, init producer,
 ...). Whoever manages to create entry ``n + 1`` with put-if-absent
-(:func:`~disklesslog.sequencers.conditional.put_if_absent`) has ordered its operations
+(:func:`~disklesslog.storage.conditional.put_if_absent`) has ordered its operations
 after entry ``n``; every replica applies the entries in number order and, because the
 state machine is deterministic (the entry carries its own timestamp), reaches the same
 state and the same verdict on every operation. This is Delta Lake's ``_delta_log`` and
@@ -68,6 +68,7 @@ from ..errors import (
     StorageError,
 )
 from ..names import validate_stream_name
+from ..storage.filesystems import open_filesystem
 from .base import (
     BatchLocation,
     BatchPage,
@@ -945,8 +946,6 @@ def open_objectstore_sequencer(url: str, *, repair: bool = False) -> ObjectStore
     credentials from the environment. A log on object storage uses one inside itself by
     default; pass an instance to give storage options of its own. ``repair`` opens a
     damaged one for repair (see :class:`ObjectStoreSequencer`)."""
-    from ..objects.storage import open_filesystem  # noqa: PLC0415 - avoids an import cycle
-
     scheme, sep, rest = url.partition("://")
     prefix, plus, protocol = scheme.partition("+")
     if not sep or prefix.lower() != "objectstore" or not plus or not protocol:

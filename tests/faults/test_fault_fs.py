@@ -13,7 +13,7 @@ from typing import Any
 import fsspec
 import pytest
 
-from disklesslog.sequencers.conditional import put_if_absent
+from disklesslog.storage.conditional import put_if_absent
 from disklesslog.testing_faults import FaultyFileSystem, InjectedClientError
 
 TRANSIENT = (OSError, InjectedClientError)
