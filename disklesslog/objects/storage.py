@@ -40,7 +40,8 @@ from ..errors import (
     MissingDependencyError,
 )
 from ..metrics import Metrics
-from ..retries import ATTEMPTS, DELAY, retrying
+from ..retries import ATTEMPTS, DEADLINE, DELAY, retrying
+from ..storage.failures import storage_error
 
 __all__ = [
     "COMPACTED",
@@ -108,6 +109,8 @@ def open_filesystem(url: str, storage_options: Mapping[str, Any] | None) -> tupl
         raise InvalidURL(f"cannot open {url!r}: {exc}") from None
     except TypeError as exc:  # an option the filesystem does not take
         raise ConfigError(f"storage_options rejected by {protocol}:// : {exc}") from None
+    except Exception as exc:  # a client that checks its credentials or endpoint at once
+        raise storage_error(exc, f"cannot open {url}", url=url, operation="open") from exc
     return fs, str(root).rstrip("/")
 
 
@@ -115,10 +118,12 @@ class ObjectStorage:
     """The objects of one log: ``<root>/objects/<key>`` in an fsspec filesystem.
 
     Every request is retried on failure (:mod:`disklesslog.retries`: ``put_attempts``
-    attempts with exponential backoff and jitter from ``retry_delay``), PUTs, GETs,
-    LISTs and DELETEs alike; failures count in ``put_errors``, ``get_errors`` (GETs and
-    LISTs) and ``delete_errors``, and the last one is raised as
-    :class:`~disklesslog.StorageError`, whatever the client raised.
+    attempts with exponential backoff and jitter from ``retry_delay``, none starting
+    later than ``retry_deadline`` seconds after the first), PUTs, GETs, LISTs and
+    DELETEs alike; failures count in ``put_errors``, ``get_errors`` (GETs and LISTs)
+    and ``delete_errors``, and the last one is raised as a
+    :class:`~disklesslog.StorageError` saying what kind it is, whatever the client
+    raised (one that cannot succeed, such as a missing bucket, at once).
     """
 
     def __init__(
@@ -129,6 +134,7 @@ class ObjectStorage:
         *,
         put_attempts: int = ATTEMPTS,
         retry_delay: float = DELAY,
+        retry_deadline: float = DEADLINE,
     ) -> None:
         if type(put_attempts) is not int or put_attempts < 1:
             raise ConfigError("put_attempts must be an int >= 1")
@@ -137,6 +143,7 @@ class ObjectStorage:
         self.metrics = metrics
         self.put_attempts = put_attempts
         self.retry_delay = retry_delay
+        self.retry_deadline = retry_deadline
         protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
         self.url = f"{protocol}://{root}"
         self._local = os.path.abspath(root) if protocol in ("file", "local") else None
@@ -184,6 +191,8 @@ class ObjectStorage:
             counter="put_errors",
             attempts=self.put_attempts,
             delay=self.retry_delay,
+            deadline=self.retry_deadline,
+            url=self.url,
         )
         self.metrics.add("put_bytes", len(data))
 
@@ -207,6 +216,8 @@ class ObjectStorage:
             attempts=self.put_attempts,
             delay=self.retry_delay,
             final=(FileNotFoundError,),
+            deadline=self.retry_deadline,
+            url=self.url,
         )
 
     def _write(self, path: str, data: bytes) -> None:

@@ -43,14 +43,13 @@ from ..errors import (
     ConfigError,
     CorruptDataError,
     DataLossError,
-    DisklessLogError,
     InvalidURL,
     StorageError,
 )
 from ..format import crc32c
 from ..markers import MARKER, check_marker
 from ..metrics import Metrics
-from ..retries import ATTEMPTS, pause, retrying
+from ..retries import retrying
 from .layout import TMP, encode_json, fsync_directory, read_json
 
 if TYPE_CHECKING:
@@ -307,6 +306,8 @@ class Tier:
                 f"could not store {self.object_url(MARKER)}",
                 metrics=self.metrics,
                 counter="tier_put_errors",
+                url=self.url,
+                operation="create",
             )
             if created:
                 self._owner_checked = True
@@ -333,7 +334,12 @@ class Tier:
         """A request that reads (GET, HEAD, LIST) or deletes, retried (failures count in
         ``counter``); ``FileNotFoundError`` propagates at once."""
         return retrying(
-            call, what, metrics=self.metrics, counter=counter, final=(FileNotFoundError,)
+            call,
+            what,
+            metrics=self.metrics,
+            counter=counter,
+            final=(FileNotFoundError,),
+            url=self.url,
         )
 
     # ---------------------------------------------------------------- writes
@@ -357,7 +363,6 @@ class Tier:
         """
         if self.checksum(key, size) == (size, crc):
             return False
-        problem: BaseException | None = None
         reported = 0  # bytes told to progress: a retry reports only what goes beyond
 
         def sent(count: int, total: list[int]) -> None:
@@ -367,28 +372,25 @@ class Tier:
                 progress(total[0] - reported)
                 reported = total[0]
 
-        for attempt in range(1, ATTEMPTS + 1):
-            try:
-                self._upload(key, data, size, functools.partial(sent, total=[0]))
-                found = self.checksum(key, size)
-                if found == (size, crc):
-                    self.metrics.add("tier_puts")
-                    self.metrics.add("tier_put_bytes", size)
-                    return True
-                problem = OSError(
+        def attempt() -> None:
+            self._upload(key, data, size, functools.partial(sent, total=[0]))
+            found = self.checksum(key, size)
+            if found != (size, crc):
+                raise OSError(
                     f"{self.object_url(key)} reads back as {found} (size, crc32c), "
                     f"expected {(size, crc)}"
                 )
-            except DisklessLogError:
-                raise
-            except Exception as exc:  # clients raise their own transient errors
-                problem = exc
-            self.metrics.add("tier_put_errors")
-            if attempt < ATTEMPTS:
-                pause(attempt)
-        raise StorageError(
-            f"could not store {self.object_url(key)} after {ATTEMPTS} attempts: {problem}"
-        ) from problem
+
+        retrying(
+            attempt,
+            f"could not store {self.object_url(key)}",
+            metrics=self.metrics,
+            counter="tier_put_errors",
+            url=self.url,
+        )
+        self.metrics.add("tier_puts")
+        self.metrics.add("tier_put_bytes", size)
+        return True
 
     def _upload(
         self, key: str, data: bytes | int, size: int, progress: Callable[[int], None]

@@ -15,22 +15,18 @@ wrote must be seen, or a stale replica could take a deleted entry number for a f
 from __future__ import annotations
 
 import contextlib
-import logging
 import os
-import random
 import re
 import secrets
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from ..errors import DisklessLogError, StorageError
+from ..errors import DisklessLogError
+from ..retries import DEADLINE, retrying
 from .conditional import is_local, put_if_absent
 
 __all__ = ["ATTEMPTS", "RETRY_DELAY", "CheckpointName", "SequencerStorage"]
-
-log = logging.getLogger(__name__)
 
 ATTEMPTS = 5
 """Attempts of every storage call before its failure is raised (as ``StorageError``)."""
@@ -55,10 +51,11 @@ class CheckpointName:
 class SequencerStorage:
     """The entries and checkpoints under ``root`` of an fsspec filesystem."""
 
-    def __init__(self, fs: Any, root: str, url: str) -> None:
+    def __init__(self, fs: Any, root: str, url: str, *, deadline: float = DEADLINE) -> None:
         self.fs = fs
         self.root = root.rstrip("/")
         self.url = url
+        self.deadline = deadline
 
     def entry_path(self, number: int) -> str:
         return f"{self.root}/log/{number:020d}"
@@ -163,21 +160,17 @@ class SequencerStorage:
     # ----------------------------------------------------------------- retries
 
     def _retried(self, what: str, call: Callable[[], T]) -> T:
-        """``call()``, retried on failure; ``FileNotFoundError`` and our own errors are
-        answers and pass at once. Clients raise their own transient errors (gcsfs's
-        HttpError, Azure's ServiceRequestError are not OSErrors), so any other failure
-        is retried, and the last one is raised as :class:`StorageError` (also an
-        ``OSError``) chained to it."""
-        for attempt in range(1, ATTEMPTS + 1):
-            try:
-                return call()
-            except (FileNotFoundError, DisklessLogError):
-                raise
-            except Exception as exc:
-                if attempt == ATTEMPTS:
-                    raise StorageError(
-                        f"{self.url}: could not {what} after {attempt} attempts: {exc}"
-                    ) from exc
-                log.debug("%s: could not %s (attempt %d): %s", self.url, what, attempt, exc)
-                time.sleep(RETRY_DELAY * 2 ** (attempt - 1) * (0.5 + random.random()))
-        raise AssertionError("unreachable")
+        """``call()``, retried on failure with the policy of :func:`retrying`;
+        ``FileNotFoundError`` and our own errors are answers and pass at once. ``what``
+        starts with the operation (``read``, ``list``, ``create``, ``replace``,
+        ``delete``)."""
+        return retrying(
+            call,
+            f"{self.url}: could not {what}",
+            attempts=ATTEMPTS,
+            delay=RETRY_DELAY,
+            final=(FileNotFoundError,),
+            deadline=self.deadline,
+            url=self.url,
+            operation=what.partition(" ")[0],
+        )
