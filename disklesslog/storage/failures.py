@@ -98,6 +98,7 @@ _PERMISSION_CLASSES = frozenset(
         "NoAuthTokenError",  # botocore
         "NoCredentialsError",  # botocore
         "PartialCredentialsError",  # botocore
+        "ProfileNotFound",  # botocore: the named credentials profile is not configured
         "RefreshError",  # google-auth
         "UnauthorizedSSOTokenError",  # botocore
     }
@@ -141,6 +142,9 @@ _UNAVAILABLE_ERRNOS = frozenset(
 _PERMANENT_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.ENAMETOOLONG})
 """Local failures no retry cures (a full disk or quota, a read-only file system)."""
 _PERMISSION_ERRNOS = frozenset({errno.EACCES, errno.EPERM})
+_MISTAKES = (AttributeError, NotImplementedError, TypeError, ValueError)
+"""What a client raises for a request or an option it cannot take (``storage_options``
+its session rejects, a path it cannot parse): the same request fails the same way."""
 
 _REASONS: dict[type[StorageError], str] = {
     StorageNotFound: "the bucket or container does not exist",
@@ -156,8 +160,10 @@ def classify(exc: BaseException, operation: str) -> tuple[type[StorageError], bo
     interprets (a ``FileNotFoundError`` of a read, listing or delete: the object is
     not there). A failure of no known kind is a plain :class:`StorageError` and counts
     as retriable (clients raise transient errors of their own types), except the local
-    failures no retry cures (a full disk, a read-only file system) and HTTP 4xx
-    answers, which say the request itself is wrong."""
+    failures no retry cures (a full disk, a read-only file system), HTTP 4xx answers,
+    which say the request itself is wrong, and a client's ``TypeError``,
+    ``ValueError``, ``AttributeError`` or ``NotImplementedError`` (an option or a
+    request it cannot take)."""
     chain = list(_chain(exc))
     for link in chain:
         known = _known(link)
@@ -171,6 +177,8 @@ def classify(exc: BaseException, operation: str) -> tuple[type[StorageError], bo
             return StorageError, False
         if isinstance(link, OSError) and link.errno in _PERMANENT_ERRNOS:
             return StorageError, False
+    if isinstance(exc, _MISTAKES):
+        return StorageError, False
     return StorageError, True
 
 
