@@ -78,6 +78,7 @@ _THROTTLED_CODES = frozenset(
 )
 _TRANSIENT_CODES = frozenset(
     {
+        "ConditionalRequestConflict",
         "InternalError",
         "OperationAborted",
         "OperationTimedOut",
@@ -85,9 +86,11 @@ _TRANSIENT_CODES = frozenset(
         "ServiceUnavailable",
     }
 )
-_TRANSIENT_CLIENT_STATUSES = frozenset({408, 409, 425})
-"""4xx answers that a later attempt may not get: a timeout, a conflicting operation in
-progress, "too early"."""
+"""Service codes of requests that a later attempt may not fail, whatever their HTTP
+status (S3 answers a timed-out upload with 400 ``RequestTimeout``, and a conflicting
+operation in progress with 409 ``OperationAborted``)."""
+_TRANSIENT_CLIENT_STATUSES = frozenset({408, 425})
+"""4xx answers that a later attempt may not get: a timeout, "too early"."""
 
 _PERMISSION_CLASSES = frozenset(
     {

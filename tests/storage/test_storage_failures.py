@@ -95,6 +95,14 @@ CASES: list[tuple[str, Callable[[], BaseException], str, type[StorageError] | No
     ("s3-500", lambda: _boto("InternalError", 500), "get", StorageUnavailable, True),
     ("s3-503", lambda: _boto("ServiceUnavailable", 503), "get", StorageUnavailable, True),
     ("s3-400", lambda: _boto("InvalidArgument", 400), "put", StorageError, False),
+    ("s3-conflict", lambda: _boto("OperationAborted", 409), "put", StorageUnavailable, True),
+    (
+        "azure-exists",
+        lambda: _azure(HttpResponseError, 409, "BlobAlreadyExists"),
+        "put",
+        StorageError,
+        False,
+    ),
     ("s3-request-timeout", lambda: _boto("RequestTimeout", 400), "put", StorageUnavailable, True),
     (
         "s3-unreachable",

@@ -296,3 +296,21 @@ def test_no_client_exception_escapes_a_public_call(broken: type[Broken], failure
         log.close()
     assert raised  # at least the append and the open needed the storage
     assert [e for e in raised if not isinstance(e, DisklessLogError)] == []
+
+
+def test_the_deadline_option_reaches_the_storage_and_the_sequencer(broken: type[Broken]) -> None:
+    url = f"broken://deadline-{uuid.uuid4().hex[:12]}/log"
+    options = {"storage_options": {"target_protocol": "memory"}, "sequencer": "objectstore://"}
+    with _fast(disklesslog.open(url, retry_deadline_ms=1, **options)) as log:
+        assert log.storage.retry_deadline == 0.001
+        log.stream("s").append(b"first")
+        broken.failure = staticmethod(lambda: ConnectionResetError("reset"))
+        broken.armed = True
+        # a 1 ms deadline leaves no time for the 5 attempts a request gets by default
+        with pytest.raises(StorageUnavailable) as from_sequencer:
+            log.sequencer.create_stream("t", {})
+        with pytest.raises(StorageUnavailable) as from_storage:
+            log.storage.put(log.storage.new_key(), b"data")
+        broken.armed = False
+    assert "after 5 attempts" not in str(from_sequencer.value)
+    assert "after 5 attempts" not in str(from_storage.value)
