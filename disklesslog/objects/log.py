@@ -679,20 +679,22 @@ def _sequencer_for(
         return option, False
     protocol = storage.url.split("://", 1)[0]
     if option in ("objectstore", "objectstore://"):
-        return _objectstore(storage, storage.fs, f"{storage.root}/{SEQUENCER_DIR}"), True
+        return _objectstore(
+            storage.fs, f"{storage.root}/{SEQUENCER_DIR}", storage.retry_deadline
+        ), True
     if isinstance(option, str):
         family, plus, rest = option.partition("+")
         if family.lower() == "objectstore" and plus:
             same = rest.split("://", 1)[0].lower() == protocol
             fs, root = open_filesystem(rest, storage_options if same else None)
-            return _objectstore(storage, fs, root, url=option), True
+            return _objectstore(fs, root, storage.retry_deadline, url=option), True
         return open_sequencer(option), True
     if protocol == "memory":
         return open_sequencer(f"memory://{storage.root}"), True
     local = storage.local_root()
     if local is not None:
         return _local_sqlite(local, existing=marked), True
-    return _objectstore(storage, storage.fs, f"{storage.root}/{SEQUENCER_DIR}"), True
+    return _objectstore(storage.fs, f"{storage.root}/{SEQUENCER_DIR}", storage.retry_deadline), True
 
 
 def _local_sqlite(local: str, *, existing: bool) -> Sequencer:
@@ -705,9 +707,9 @@ def _local_sqlite(local: str, *, existing: bool) -> Sequencer:
     return SqliteSequencer(f"{local}/{SQLITE_NAME}", existing=existing)
 
 
-def _objectstore(storage: ObjectStorage, fs: Any, root: str, url: str | None = None) -> Sequencer:
+def _objectstore(fs: Any, root: str, retry_deadline: float, url: str | None = None) -> Sequencer:
     """The object-store sequencer at ``root`` of ``fs``, retrying its requests within
-    the log's retry deadline (the ``retry_deadline_ms`` option)."""
+    the log's retry deadline (the ``retry_deadline_ms`` option, in seconds)."""
     from ..sequencers.objectstore import ObjectStoreSequencer  # noqa: PLC0415 - lazy
 
-    return ObjectStoreSequencer(fs, root, url=url, retry_deadline=storage.retry_deadline)
+    return ObjectStoreSequencer(fs, root, url=url, retry_deadline=retry_deadline)
