@@ -16,6 +16,9 @@ wrong the ways real ones do:
 ``corrupt``
     reads only: the bytes returned have one bit flipped or are cut short (a bad
     network path or a lying cache; the stored object is intact).
+``throttle``
+    the call raises :class:`InjectedThrottling` before it reaches the target: the
+    storage asked the client to slow down (S3's 503 SlowDown), nothing happened.
 
 Every kind of call is covered, in five operation groups that ``operations`` selects:
 ``read`` (``cat_file``, ``cat``, ``open`` for reading), ``write`` (``pipe_file``,
@@ -65,9 +68,10 @@ __all__ = [
     "OPERATIONS",
     "FaultyFileSystem",
     "InjectedClientError",
+    "InjectedThrottling",
 ]
 
-FAULTS = ("fail", "lost", "timeout", "corrupt")
+FAULTS = ("fail", "lost", "timeout", "corrupt", "throttle")
 """The kinds of fault, in the order their rates are drawn against."""
 OPERATIONS = ("read", "write", "create", "list", "delete")
 """The groups of calls faults can be injected into."""
@@ -76,6 +80,18 @@ OPERATIONS = ("read", "write", "create", "list", "delete")
 class InjectedClientError(Exception):
     """A client library's own transient error (not an :class:`OSError`), like
     botocore's ``ClientError`` for a 503 or gcsfs's ``HttpError``."""
+
+
+class InjectedThrottling(InjectedClientError):
+    """What botocore raises when S3 throttles a request: a ``ClientError`` whose
+    ``response`` carries the error code ``SlowDown`` and HTTP status 503."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(f"An error occurred (SlowDown): {message}")
+        self.response = {
+            "Error": {"Code": "SlowDown", "Message": "Please reduce your request rate."},
+            "ResponseMetadata": {"HTTPStatusCode": 503},
+        }
 
 
 class FaultyFileSystem(AbstractFileSystem):  # type: ignore[misc]
@@ -96,6 +112,7 @@ class FaultyFileSystem(AbstractFileSystem):  # type: ignore[misc]
         lost: float = 0.0,
         timeout: float = 0.0,
         corrupt: float = 0.0,
+        throttle: float = 0.0,
         timeout_seconds: float = 0.002,
         operations: tuple[str, ...] | list[str] = OPERATIONS,
         match: str | None = None,
@@ -103,7 +120,13 @@ class FaultyFileSystem(AbstractFileSystem):  # type: ignore[misc]
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
-        rates = {"fail": fail, "lost": lost, "timeout": timeout, "corrupt": corrupt}
+        rates = {
+            "fail": fail,
+            "lost": lost,
+            "timeout": timeout,
+            "corrupt": corrupt,
+            "throttle": throttle,
+        }
         for name, rate in rates.items():
             if not isinstance(rate, (int, float)) or not 0 <= rate <= 1:
                 raise ValueError(f"{name} must be a probability in [0, 1], not {rate!r}")
@@ -203,6 +226,8 @@ class FaultyFileSystem(AbstractFileSystem):  # type: ignore[misc]
             return call()
         if fault == "fail":
             raise self._error(fault, operation, path)
+        if fault == "throttle":
+            raise InjectedThrottling(f"injected throttle fault in {operation} of {path}")
         if fault == "timeout":
             time.sleep(self.timeout_seconds)
             if self._coin():

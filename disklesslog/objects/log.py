@@ -37,6 +37,7 @@ from ..metrics import Metrics
 from ..names import validate_group_name, validate_stream_name
 from ..projection import OFFSETS
 from ..records import RecordBatch
+from ..retries import DEADLINE, deadline_seconds
 from ..sequencers import Sequencer, open_sequencer
 from ..sequencers.base import BatchLocation
 from ..sequencers.common import out_of_range
@@ -62,6 +63,8 @@ KIND = "disklesslog-objects"
 VERSION = 1
 DEFAULT_LINGER_MS = 100
 DEFAULT_MAX_OBJECT_BYTES = 8 << 20
+DEADLINE_MS = round(DEADLINE * 1000)
+"""The default of the ``retry_deadline_ms`` option."""
 APPEND_LINGER_MS = 0  # Stream.append: flush as soon as the previous flush is done
 SQLITE_NAME = "disklesslog-meta.db"
 """The SQLite sequencer's database in the directory of a ``file://`` log (the default)."""
@@ -578,6 +581,7 @@ def open_object_log(url: str, location: str, options: dict[str, Any]) -> ObjectL
     storage_options = options.pop("storage_options", None)
     cache = _cache_for(options.pop("cache", "default"))
     create = options.pop("create", True)
+    retry_deadline = deadline_seconds(options.pop("retry_deadline_ms", DEADLINE_MS))
     if type(create) is not bool:
         raise ConfigError(f"create must be True or False, not {create!r}")
     if storage_options is not None and not isinstance(storage_options, Mapping):
@@ -592,7 +596,7 @@ def open_object_log(url: str, location: str, options: dict[str, Any]) -> ObjectL
     # ``location`` is the path of a file URL (``file:///abs``, ``file:/abs``: parsed and
     # unquoted as the segments backend does), and any other URL as given.
     fs, root = open_filesystem(location, storage_options)
-    storage = ObjectStorage(fs, root, Metrics())
+    storage = ObjectStorage(fs, root, Metrics(), retry_deadline=retry_deadline)
     marked = _check_root(storage, url, create=create)
     sequencer, owned = _sequencer_for(storage, sequencer_option, storage_options, marked)
     try:
@@ -683,20 +687,22 @@ def _sequencer_for(
         return option, False
     protocol = storage.url.split("://", 1)[0]
     if option in ("objectstore", "objectstore://"):
-        return _objectstore(storage.fs, f"{storage.root}/{SEQUENCER_DIR}"), True
+        return _objectstore(
+            storage.fs, f"{storage.root}/{SEQUENCER_DIR}", storage.retry_deadline
+        ), True
     if isinstance(option, str):
         family, plus, rest = option.partition("+")
         if family.lower() == "objectstore" and plus:
             same = rest.split("://", 1)[0].lower() == protocol
             fs, root = open_filesystem(rest, storage_options if same else None)
-            return _objectstore(fs, root, url=option), True
+            return _objectstore(fs, root, storage.retry_deadline, url=option), True
         return open_sequencer(option), True
     if protocol == "memory":
         return open_sequencer(f"memory://{storage.root}"), True
     local = storage.local_root()
     if local is not None:
         return _local_sqlite(local, existing=marked), True
-    return _objectstore(storage.fs, f"{storage.root}/{SEQUENCER_DIR}"), True
+    return _objectstore(storage.fs, f"{storage.root}/{SEQUENCER_DIR}", storage.retry_deadline), True
 
 
 def _local_sqlite(local: str, *, existing: bool) -> Sequencer:
@@ -711,5 +717,7 @@ def _local_sqlite(local: str, *, existing: bool) -> Sequencer:
     return SqliteSequencer(f"{local}/{SQLITE_NAME}", existing=existing)
 
 
-def _objectstore(fs: Any, root: str, url: str | None = None) -> Sequencer:
-    return ObjectStoreSequencer(fs, root, url=url)
+def _objectstore(fs: Any, root: str, retry_deadline: float, url: str | None = None) -> Sequencer:
+    """The object-store sequencer at ``root`` of ``fs``, retrying its requests within
+    the log's retry deadline (the ``retry_deadline_ms`` option, in seconds)."""
+    return ObjectStoreSequencer(fs, root, url=url, retry_deadline=retry_deadline)

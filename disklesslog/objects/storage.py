@@ -26,7 +26,7 @@ from typing import Any
 
 from ..errors import ConfigError, CorruptDataError, DataLossError
 from ..metrics import Metrics
-from ..retries import ATTEMPTS, DELAY
+from ..retries import ATTEMPTS, DEADLINE, DELAY
 from ..storage.store import ObjectStore
 
 __all__ = [
@@ -67,9 +67,11 @@ class ObjectStorage(ObjectStore):
 
     Every request is retried (:class:`~disklesslog.storage.store.ObjectStore`:
     ``put_attempts`` attempts with exponential backoff and jitter from
-    ``retry_delay``), PUTs, GETs, LISTs and DELETEs alike; failures count in
-    ``put_errors``, ``get_errors`` (GETs and LISTs) and ``delete_errors``, and the last
-    one is raised as :class:`~disklesslog.StorageError`, whatever the client raised.
+    ``retry_delay``, none starting later than ``retry_deadline`` seconds after the
+    first), PUTs, GETs, LISTs and DELETEs alike; failures count in ``put_errors``,
+    ``get_errors`` (GETs and LISTs) and ``delete_errors``, and the last one is raised as
+    a :class:`~disklesslog.StorageError` saying what kind it is, whatever the client
+    raised (one that cannot succeed, such as a missing bucket, at once).
     """
 
     def __init__(
@@ -80,10 +82,18 @@ class ObjectStorage(ObjectStore):
         *,
         put_attempts: int = ATTEMPTS,
         retry_delay: float = DELAY,
+        retry_deadline: float = DEADLINE,
     ) -> None:
         if type(put_attempts) is not int or put_attempts < 1:
             raise ConfigError("put_attempts must be an int >= 1")
-        super().__init__(fs, root, metrics, attempts=put_attempts, retry_delay=retry_delay)
+        super().__init__(
+            fs,
+            root,
+            metrics,
+            attempts=put_attempts,
+            retry_delay=retry_delay,
+            retry_deadline=retry_deadline,
+        )
 
     def path(self, key: str) -> str:
         """Where object ``key`` lives. Keys come from the sequencer, whose metadata may

@@ -336,6 +336,8 @@ class Tier:
             counter="tier_put_errors",
             attempts=self.objects.attempts,
             delay=self.objects.retry_delay,
+            deadline=self.objects.retry_deadline,
+            url=self.url,
         )
         self.metrics.add("tier_puts")
         self.metrics.add("tier_put_bytes", size)

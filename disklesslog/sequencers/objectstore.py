@@ -68,6 +68,7 @@ from ..errors import (
     StorageError,
 )
 from ..names import validate_stream_name
+from ..retries import DEADLINE
 from ..storage.filesystems import open_filesystem
 from .base import (
     BatchLocation,
@@ -164,6 +165,9 @@ class ObjectStoreSequencer(Sequencer):
     if the stored state is damaged (the replica stops before the damage; every read and
     write still raises :class:`SequencerDamaged`), to call :meth:`verify`,
     :meth:`write_checkpoint` or :meth:`discard_entry` (``docs/operations.md``).
+    ``retry_deadline``: seconds after a storage request's first attempt in which its
+    retries must start (:mod:`disklesslog.retries`; a log passes its
+    ``retry_deadline_ms``).
     """
 
     def __init__(
@@ -177,6 +181,7 @@ class ObjectStoreSequencer(Sequencer):
         entry_retention_seconds: float = 600.0,
         max_attempts: int = 300,
         repair: bool = False,
+        retry_deadline: float = DEADLINE,
     ) -> None:
         if type(checkpoint_every) is not int or checkpoint_every < 1:
             raise ConfigError("checkpoint_every must be an int >= 1")
@@ -184,9 +189,11 @@ class ObjectStoreSequencer(Sequencer):
             raise ConfigError("entry_retention_seconds must be a positive number of seconds")
         if type(max_attempts) is not int or max_attempts < 1:
             raise ConfigError("max_attempts must be an int >= 1")
+        if not isinstance(retry_deadline, (int, float)) or not retry_deadline > 0:
+            raise ConfigError("retry_deadline must be a positive number of seconds")
         protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
         self.url = url or f"objectstore+{protocol}://{root.rstrip('/')}"
-        self._storage = SequencerStorage(fs, root, self.url)
+        self._storage = SequencerStorage(fs, root, self.url, deadline=retry_deadline)
         self._clock = clock
         self._checkpoint_every = checkpoint_every
         self._retention = float(entry_retention_seconds)

@@ -21,6 +21,7 @@ from typing import Any
 
 from ..errors import DisklessLogError
 from ..metrics import Metrics
+from ..retries import DEADLINE
 from ..storage.store import ObjectStore
 
 __all__ = ["CheckpointName", "SequencerStorage"]
@@ -45,9 +46,9 @@ class SequencerStorage:
     their paths (``<root>/<key>``: what the sequencer's messages and reports show).
     The sequencer reports no metrics, so the requests' counters stay in ``store``."""
 
-    def __init__(self, fs: Any, root: str, url: str) -> None:
+    def __init__(self, fs: Any, root: str, url: str, *, deadline: float = DEADLINE) -> None:
         self.root = root.rstrip("/")
-        self.store = ObjectStore(fs, self.root, Metrics(), url=url)
+        self.store = ObjectStore(fs, self.root, Metrics(), url=url, retry_deadline=deadline)
 
     def entry_path(self, number: int) -> str:
         return self.store.path(f"{_LOG}/{number:020d}")

@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..errors import ConfigError, InvalidURL, MissingDependencyError
+from .failures import storage_error
 
 __all__ = ["is_local", "is_memory", "open_filesystem"]
 
@@ -48,6 +49,8 @@ def open_filesystem(url: str, storage_options: Mapping[str, Any] | None) -> tupl
         raise InvalidURL(f"cannot open {url!r}: {exc}") from None
     except TypeError as exc:  # an option the filesystem does not take
         raise ConfigError(f"storage_options rejected by {protocol}:// : {exc}") from None
+    except Exception as exc:  # a client that checks its credentials or endpoint at once
+        raise storage_error(exc, f"cannot open {url}", url=url, operation="open") from exc
     return fs, str(root).rstrip("/")
 
 

@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
 from ..metrics import Metrics
-from ..retries import ATTEMPTS, DELAY, retrying
+from ..retries import ATTEMPTS, DEADLINE, DELAY, retrying
 from .atomic import replace_file
 from .conditional import put_if_absent
 from .filesystems import is_local
@@ -40,8 +40,11 @@ class ObjectStore:
 
     ``url`` names the location in messages (``<protocol>://<root>`` if not given), and
     an object in it ``<url>/<key>`` (:meth:`name`). ``prefix`` starts every metric name
-    (``"tier_"`` counts ``tier_get_errors``). ``attempts`` and ``retry_delay`` are the
-    retry policy's (:func:`~disklesslog.retries.retrying`), read by every request.
+    (``"tier_"`` counts ``tier_get_errors``). ``attempts``, ``retry_delay`` and
+    ``retry_deadline`` (seconds after a request's first attempt in which its retries
+    must start) are the retry policy's (:func:`~disklesslog.retries.retrying`), read
+    by every request; failures come out as the typed
+    :class:`~disklesslog.StorageError` subclasses of :mod:`.failures`.
     """
 
     def __init__(
@@ -54,6 +57,7 @@ class ObjectStore:
         prefix: str = "",
         attempts: int = ATTEMPTS,
         retry_delay: float = DELAY,
+        retry_deadline: float = DEADLINE,
     ) -> None:
         self.fs = fs
         self.root = root
@@ -61,6 +65,7 @@ class ObjectStore:
         self.prefix = prefix
         self.attempts = attempts
         self.retry_delay = retry_delay
+        self.retry_deadline = retry_deadline
         protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
         self.url = url or f"{protocol}://{root}"
         self._local = os.path.abspath(root) if is_local(fs) else None
@@ -77,7 +82,9 @@ class ObjectStore:
         """The root as a local directory path, if this is the local filesystem."""
         return self._local
 
-    def request(self, call: Callable[[], T], what: str, *, errors: str = "get") -> T:
+    def request(
+        self, call: Callable[[], T], what: str, *, errors: str = "get", operation: str = ""
+    ) -> T:
         """``call()``, a request that reads (GET, HEAD, LIST) or deletes, retried:
         failures count in ``<prefix><errors>_errors``, and the last one is raised as
         :class:`~disklesslog.StorageError` (``"{what} after N attempts: ..."``).
@@ -99,6 +106,9 @@ class ObjectStore:
             attempts=self.attempts,
             delay=self.retry_delay,
             final=(FileNotFoundError,),
+            deadline=self.retry_deadline,
+            url=self.url,
+            operation=operation or errors,
         )
 
     # ----------------------------------------------------------------- reads
@@ -144,7 +154,9 @@ class ObjectStore:
             self.fs.invalidate_cache(folder)
         try:
             found = self.request(
-                lambda: self.fs.find(folder, detail=True), f"could not list {self.url}/{prefix}"
+                lambda: self.fs.find(folder, detail=True),
+                f"could not list {self.url}/{prefix}",
+                operation="list",
             )
         except FileNotFoundError:
             return {}
@@ -165,7 +177,9 @@ class ObjectStore:
         with contextlib.suppress(Exception):  # not every filesystem caches listings
             self.fs.invalidate_cache(path)
         try:
-            listed = self.request(lambda: self.fs.ls(path, detail=False), f"could not list {where}")
+            listed = self.request(
+                lambda: self.fs.ls(path, detail=False), f"could not list {where}", operation="list"
+            )
         except FileNotFoundError:
             return []
         return [str(name).rstrip("/").rsplit("/", 1)[-1] for name in listed]
@@ -191,6 +205,9 @@ class ObjectStore:
             counter=f"{self.prefix}put_errors",
             attempts=self.attempts,
             delay=self.retry_delay,
+            deadline=self.retry_deadline,
+            url=self.url,
+            operation="put",
         )
         self.metrics.add(f"{self.prefix}put_bytes", len(data))
 
@@ -218,6 +235,9 @@ class ObjectStore:
             counter=f"{self.prefix}put_errors",
             attempts=self.attempts,
             delay=self.retry_delay,
+            deadline=self.retry_deadline,
+            url=self.url,
+            operation="create",
         )
 
     def delete(self, keys: Iterable[str]) -> int:
