@@ -18,12 +18,12 @@ import pytest
 
 import disklesslog
 from disklesslog import AbstractLog
-from disklesslog.servers.azurite import azure_storage_options
+from disklesslog.testing import create_bucket, s3_storage_options
+from disklesslog.testing.servers.azurite import azure_storage_options
 
 # Imported before anything imports gcsfs: sets GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT=false, without
 # which every bucket access on the GCS emulator stalls 60 s on a gRPC probe.
-from disklesslog.servers.gcs import gcs_storage_options
-from disklesslog.testing import create_bucket, s3_storage_options
+from disklesslog.testing.servers.gcs import gcs_storage_options
 
 
 @dataclass
@@ -75,7 +75,7 @@ def _file_postgres(
 ) -> AbstractLog:
     """file:// objects sequenced by PostgreSQL, in a schema of the test's own (one name
     per test directory, so reopening finds the same one), dropped after the test."""
-    from disklesslog.servers.postgres import drop_schema
+    from disklesslog.testing.servers.postgres import drop_schema
 
     server = request.getfixturevalue("postgres_server")
     schema = f"t_{_token(path)}"

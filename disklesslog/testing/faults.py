@@ -41,6 +41,12 @@ fsspec caches filesystem instances by their options, so ``fsspec.filesystem("fau
 **same_options)`` returns the instance a log uses: set ``enabled = False`` on it (or
 use :meth:`FaultyFileSystem.paused`) to check the outcome without faults, and read
 what was injected from :meth:`FaultyFileSystem.stats`.
+
+:class:`FaultyMemoryFileSystem` (protocol ``faulty-memory://``) is the simpler, older
+tool: fsspec's memory filesystem with latency, counted failures of PUTs, GETs, deletes,
+lists and lookups, and damaged GET responses, all set as class attributes, for
+testing retries, lost responses, bytes damaged in transit and latency without a
+network.
 """
 
 from __future__ import annotations
@@ -56,14 +62,16 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 import fsspec
+from fsspec.implementations.memory import MemoryFileSystem
 from fsspec.spec import AbstractFileSystem
 
-from .sequencers.conditional import put_if_absent
+from ..sequencers.conditional import put_if_absent
 
 __all__ = [
     "FAULTS",
     "OPERATIONS",
     "FaultyFileSystem",
+    "FaultyMemoryFileSystem",
     "InjectedClientError",
 ]
 
@@ -395,3 +403,104 @@ class _WriteFile:
 
 
 fsspec.register_implementation("faulty", FaultyFileSystem, clobber=True)
+
+
+class FaultyMemoryFileSystem(MemoryFileSystem):  # type: ignore[misc]
+    """fsspec's memory filesystem with injected latency, failures and damage.
+
+    Settings are class attributes shared by every instance (fsspec caches instances),
+    e.g. ``FaultyMemoryFileSystem.put_delay = 0.05`` or ``.failing_puts = 2`` (the
+    next two PUTs fail), or ``.lost_puts = 1`` (the next PUT is stored, then fails: a
+    response lost on the way back); ``.failing_gets = 2`` fails the next two GETs,
+    ``.get_failure_rate = 0.15`` each GET with that probability (drawn from ``rng``,
+    seeded by :meth:`reset`), and ``.corrupt_gets = 1`` flips one bit (the lowest of the
+    middle byte) in the bytes the next GET returns, leaving the stored object intact:
+    damage in transit. ``.failing_deletes`` (``rm_file``), ``.failing_lists``
+    (``find``) and ``.failing_infos`` (``info``, so also fsspec's ``exists``, which
+    answers False when ``info`` fails) fail the next that many of those calls.
+    Failures raise ``fault``: ``ConnectionError``, or a class that is not an
+    ``OSError``, as clients such as botocore and gcsfs raise. :meth:`reset` restores
+    them all. Counts of PUTs and GETs are kept in ``puts``/``gets``.
+    """
+
+    protocol = ("faulty-memory",)
+    put_delay = 0.0
+    get_delay = 0.0
+    failing_puts = 0
+    lost_puts = 0
+    failing_gets = 0
+    get_failure_rate = 0.0
+    corrupt_gets = 0
+    failing_deletes = 0
+    failing_lists = 0
+    failing_infos = 0
+    fault: type[Exception] = ConnectionError
+    rng = random.Random(0)
+    puts = 0
+    gets = 0
+
+    @classmethod
+    def _strip_protocol(cls, path: Any) -> Any:
+        if isinstance(path, str) and path.startswith("faulty-memory://"):
+            path = path[len("faulty-memory://") :]
+        return super()._strip_protocol(path)
+
+    @classmethod
+    def reset(cls) -> None:
+        cls.put_delay = cls.get_delay = cls.get_failure_rate = 0.0
+        cls.failing_puts = cls.lost_puts = cls.failing_gets = cls.corrupt_gets = 0
+        cls.failing_deletes = cls.failing_lists = cls.failing_infos = 0
+        cls.fault = ConnectionError
+        cls.puts = cls.gets = 0
+        cls.rng = random.Random(0)
+
+    @classmethod
+    def _inject(cls, budget: str, message: str) -> None:
+        """Raise ``fault`` if the failures left in the setting ``budget`` are not spent."""
+        left = getattr(cls, budget)
+        if left > 0:
+            setattr(cls, budget, left - 1)
+            raise cls.fault(message)
+
+    def pipe_file(self, path: str, value: bytes, mode: str = "overwrite", **kwargs: Any) -> None:
+        type(self).puts += 1
+        if self.put_delay:
+            time.sleep(self.put_delay)
+        self._inject("failing_puts", f"injected PUT failure for {path}")
+        super().pipe_file(path, value, mode=mode, **kwargs)
+        if type(self).lost_puts > 0:
+            type(self).lost_puts -= 1
+            raise self.fault(f"injected lost response of the PUT of {path}")
+
+    def cat_file(
+        self, path: str, start: int | None = None, end: int | None = None, **kw: Any
+    ) -> Any:
+        type(self).gets += 1
+        if self.get_delay:
+            time.sleep(self.get_delay)
+        cls = type(self)
+        if cls.failing_gets > 0 or cls.rng.random() < cls.get_failure_rate:
+            cls.failing_gets = max(0, cls.failing_gets - 1)
+            raise cls.fault(f"injected GET failure for {path}")
+        data = super().cat_file(path, start=start, end=end, **kw)
+        if cls.corrupt_gets > 0 and data:
+            cls.corrupt_gets -= 1
+            damaged = bytearray(data)
+            damaged[len(damaged) // 2] ^= 0x01
+            return bytes(damaged)
+        return data
+
+    def rm_file(self, path: str) -> None:
+        self._inject("failing_deletes", f"injected DELETE failure for {path}")
+        super().rm_file(path)
+
+    def find(self, path: str, *args: Any, **kwargs: Any) -> Any:
+        self._inject("failing_lists", f"injected LIST failure for {path}")
+        return super().find(path, *args, **kwargs)
+
+    def info(self, path: str, **kwargs: Any) -> Any:
+        self._inject("failing_infos", f"injected HEAD failure for {path}")
+        return super().info(path, **kwargs)
+
+
+fsspec.register_implementation("faulty-memory", FaultyMemoryFileSystem, clobber=True)
