@@ -44,7 +44,7 @@ from disklesslog import (
 from disklesslog.metrics import Metrics
 from disklesslog.retries import backoff, deadline_seconds, retrying
 from disklesslog.storage.failures import classify, storage_error
-from disklesslog.testing_faults import InjectedClientError, InjectedThrottling
+from disklesslog.testing.faults import InjectedClientError, InjectedThrottling
 
 
 def _boto(code: str, status: int) -> ClientError:

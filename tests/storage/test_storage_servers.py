@@ -28,10 +28,10 @@ from disklesslog import (
     StorageUnavailable,
 )
 from disklesslog.objects.log import ObjectLog
-from disklesslog.servers.azurite import AZURITE_KEY, azure_storage_options
-from disklesslog.servers.gcs import gcs_storage_options
 from disklesslog.testing import create_bucket, s3_storage_options
-from disklesslog.testing_faults import FaultyFileSystem
+from disklesslog.testing.faults import FaultyFileSystem
+from disklesslog.testing.servers.azurite import AZURITE_KEY, azure_storage_options
+from disklesslog.testing.servers.gcs import gcs_storage_options
 
 QUICK = 5.0
 """Seconds within which a failure that no retry cures must be reported (the old policy
