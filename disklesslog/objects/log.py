@@ -49,8 +49,8 @@ from . import reader
 from .compact import compact
 from .gc import collect_garbage
 from .merge import merge
-from .stage import ObjectStager, abort_transaction, commit_transaction
 from .storage import OBJECTS, SEQUENCER_DIR, ObjectStorage
+from .transactions import ObjectStager, abort_transaction, commit_transaction
 from .writer import DEFAULT_INFLIGHT, ObjectWriter
 
 if TYPE_CHECKING:
@@ -252,7 +252,7 @@ class ObjectLog(AbstractLog):
     # ------------------------------------------------------ two-phase commits
 
     def stager(self, *, max_object_bytes: int | None = None) -> ObjectStager:
-        """A stager uploading ``….staged`` objects (see :mod:`disklesslog.objects.stage`)."""
+        """A stager uploading ``….staged`` objects (see :mod:`disklesslog.objects.transactions`)."""
         self.check_open()
         return ObjectStager(self, max_object_bytes=max_object_bytes)
 

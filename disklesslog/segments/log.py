@@ -64,8 +64,8 @@ from ..sequencers.base import TransactionResult
 from ..storage.atomic import fsync_directory
 from ..transactions import StagedPart
 from ..writer import Writer
-from . import groups, reader, tiering, transactions
-from .compactor import compact_stream
+from . import groups, reader, transactions
+from .compact import compact_stream
 from .layout import (
     CONFIG,
     LOG_SUFFIX,
@@ -81,11 +81,12 @@ from .layout import (
     segment_name,
     write_json,
 )
-from .manifest import Manifest, ManifestCache
 from .store import FSYNC_POLICIES, Repair, StreamGone, StreamStore, flag_deleted
-from .tier import CONFIG_FILE as TIER_CONFIG
-from .tier import Tier, check_tier, configure_tier
-from .tiered import TieredReader, local_units, make_view
+from .tiering import operations as tiering
+from .tiering.manifest import Manifest, ManifestCache
+from .tiering.reader import TieredReader, local_units, make_view
+from .tiering.target import CONFIG_FILE as TIER_CONFIG
+from .tiering.target import Tier, check_tier, configure_tier
 from .transactions import SegmentStager
 
 __all__ = ["SegmentLog", "SegmentStream"]
@@ -349,7 +350,7 @@ class SegmentLog(AbstractLog):
     ) -> MaintenanceReport:
         """Key compaction of the closed segments of compacted streams (``stream``, or
         every stream whose ``cleanup_policy`` includes ``compact``): one cleaner pass
-        each (:mod:`disklesslog.segments.compactor`), safe alongside appends, reads,
+        each (:mod:`disklesslog.segments.compact`), safe alongside appends, reads,
         trims and compactions in other processes. Damaged data stops the pass of its
         stream: :class:`CorruptDataError` for a named stream, a skipped line otherwise."""
         self.check_open()
@@ -447,7 +448,7 @@ class SegmentLog(AbstractLog):
     ) -> MaintenanceReport:
         """Copy closed segments to the tier (``tier_url=``) and delete local copies past
         ``local_retention_ms``/``local_retention_bytes``; reads fall through to the tier.
-        See :mod:`disklesslog.segments.tiering`."""
+        See :mod:`disklesslog.segments.tiering.operations`."""
         self.check_open()
         names = [validate_stream_name(stream)] if stream is not None else None
         now = int(time.time() * 1000) if now_ms is None else check_timestamp(now_ms, "now_ms")
@@ -850,7 +851,7 @@ class SegmentStream(Stream):
         return self._log.with_store(self._name, append_all, create=True, check=check)
 
     # A stream with a manifest (tier.manifest) has tiered segments: its reads, extent
-    # and trims go through segments.tiered/tiering, the others take the local path
+    # and trims go through segments.tiering.reader/tiering, the others take the local path
     # unchanged (one stat of the manifest file decides).
 
     def _tier_reads(self, store: StreamStore, *, now: bool = False) -> TieredReader | None:

@@ -37,9 +37,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..errors import CorruptDataError
-from ..format import crc32c
-from ..storage.atomic import TEMPORARY_INFIX, replace_file
+from ...errors import CorruptDataError
+from ...format import crc32c
+from ...storage.atomic import TEMPORARY_INFIX, replace_file
 
 __all__ = [
     "COPYING",

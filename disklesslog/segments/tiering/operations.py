@@ -40,23 +40,23 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from ..config import StreamConfig
-from ..errors import CorruptDataError, OffsetOutOfRange
-from ..format import crc32c
-from ..maintenance.grace import resolve_grace
-from ..maintenance.report import MaintenanceReport, Progress
-from ..maintenance.retention import retention_point
+from ...config import StreamConfig
+from ...errors import CorruptDataError, OffsetOutOfRange
+from ...format import crc32c
+from ...maintenance.grace import resolve_grace
+from ...maintenance.report import MaintenanceReport, Progress
+from ...maintenance.retention import retention_point
+from ..index import OFFSET_ENTRY, TIME_ENTRY
+from ..layout import STREAMS, close_quietly
+from ..segment import CHECK, Segment
+from ..store import Snapshot, StreamStore
 from . import manifest as manifests
-from .index import OFFSET_ENTRY, TIME_ENTRY
-from .layout import STREAMS, close_quietly
 from .manifest import COPYING, TIERED, Manifest, TieredObject, TieredSegment
-from .segment import CHECK, Segment
-from .store import Snapshot, StreamStore
-from .tier import STREAMS_PREFIX, Tier
-from .tiered import TieredReader, local_units, make_view
+from .reader import TieredReader, local_units, make_view
+from .target import STREAMS_PREFIX, Tier
 
 if TYPE_CHECKING:
-    from .log import SegmentLog
+    from ..log import SegmentLog
 
 __all__ = ["Tally", "collect_garbage", "tier_stream", "trim_stream"]
 

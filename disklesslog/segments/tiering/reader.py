@@ -1,7 +1,7 @@
 """Reading a stream whose oldest segments live in object storage.
 
 A tiered stream has two parts: tiered segments ``[start offset, local start)`` listed
-by its manifest (:mod:`~disklesslog.segments.manifest`) and the local segments from the
+by its manifest (:mod:`~disklesslog.segments.tiering.manifest`) and the local segments from the
 local start on (the state record's ``start_offset``). A read takes a :class:`View` of
 both, the local snapshot first and then the manifest, and falls through: offsets below
 the local start come from the tier, the rest from the local files, in one iterator.
@@ -31,18 +31,18 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import CorruptDataError, DataLossError, IncompleteBatchError, OffsetOutOfRange
-from ..format import crc32c
-from ..maintenance.retention import Unit
-from ..projection import COLUMNS, Part, Projection
-from ..records import RecordBatch, limit_records
-from ..retries import REFETCHES, damaged, log_cured
-from . import reader
-from .index import OFFSET_ENTRY, TIME_ENTRY, Entries
+from ...errors import CorruptDataError, DataLossError, IncompleteBatchError, OffsetOutOfRange
+from ...format import crc32c
+from ...maintenance.retention import Unit
+from ...projection import COLUMNS, Part, Projection
+from ...records import RecordBatch, limit_records
+from ...retries import REFETCHES, damaged, log_cured
+from .. import reader
+from ..index import OFFSET_ENTRY, TIME_ENTRY, Entries
+from ..segment import DECODE, ENTRY_PREFIX_SIZE, Entry, SegmentReplaced, iter_entries
+from ..store import Snapshot, StreamStore
 from .manifest import Manifest, ManifestCache, TieredObject, TieredSegment
-from .segment import DECODE, ENTRY_PREFIX_SIZE, Entry, SegmentReplaced, iter_entries
-from .store import Snapshot, StreamStore
-from .tier import Tier
+from .target import Tier
 
 __all__ = ["TieredReader", "View", "local_units", "make_view"]
 

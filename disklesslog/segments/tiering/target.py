@@ -15,7 +15,7 @@ write counts only when it is read back with the expected size and CRC-32C. Reads
 through the process-wide :class:`~disklesslog.storage.cache.BlockCache`, like the
 object backend's, so a tiered segment is fetched at most once per process while hot;
 its readers check what they get and confirm or discard it
-(:mod:`~disklesslog.segments.tiered`). Requests go through the storage layer
+(:mod:`~disklesslog.segments.tiering.reader`). Requests go through the storage layer
 (:class:`~disklesslog.storage.store.ObjectStore`), so every one (GET, HEAD, LIST, PUT,
 DELETE, the owner marker's conditional create) is retried with the object backend's
 policy (:mod:`disklesslog.retries`): failures count in ``tier_put_errors``,
@@ -39,16 +39,16 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from ..errors import ConfigError, CorruptDataError, DataLossError, InvalidURL, StorageError
-from ..format import crc32c
-from ..markers import MARKER, check_marker
-from ..metrics import Metrics
-from ..retries import retrying
-from ..storage.atomic import fsync_directory, replace_file
-from ..storage.cache import default_cache
-from ..storage.filesystems import is_memory, open_filesystem
-from ..storage.store import ObjectStore
-from .layout import TMP, encode_json, read_json
+from ...errors import ConfigError, CorruptDataError, DataLossError, InvalidURL, StorageError
+from ...format import crc32c
+from ...markers import MARKER, check_marker
+from ...metrics import Metrics
+from ...retries import retrying
+from ...storage.atomic import fsync_directory, replace_file
+from ...storage.cache import default_cache
+from ...storage.filesystems import is_memory, open_filesystem
+from ...storage.store import ObjectStore
+from ..layout import TMP, encode_json, read_json
 
 __all__ = ["CONFIG_FILE", "STREAMS_PREFIX", "Tier", "configure_tier", "persisted_tier_url"]
 
