@@ -12,9 +12,11 @@ that checkout first on ``sys.path`` (so the machine's drift shows up in both col
 alike), and the table gives medians over the rounds and the ratio new/old. The
 workloads are small versions of the groups in ``run.py`` that a change to integrity
 checks touches: single-record and 1,000-record appends and a sequential read of a
-local log, a cached read of an object log, and ``Sequencer.commit`` of 10 batches on
-the SQLite, object-store (``file://``) and memory sequencers, plus the object-store
-sequencer's replay on open.
+local log, a cached read of an object log, writes to an object log (one PUT and one
+commit per flush), tiering a local log and reading it back from the tier (cold, then
+through the block cache), and ``Sequencer.commit`` of 10 batches on the SQLite,
+object-store (``file://``) and memory sequencers, plus the object-store sequencer's
+replay on open.
 """
 
 from __future__ import annotations
@@ -30,7 +32,16 @@ import time
 from pathlib import Path
 from typing import Any
 
-WORKLOADS = ("single", "batch", "objread", "sqlite", "objectstore", "memory")
+WORKLOADS = (
+    "single",
+    "batch",
+    "objread",
+    "objwrite",
+    "tiered",
+    "sqlite",
+    "objectstore",
+    "memory",
+)
 COMMITS = 2_000
 
 
@@ -115,6 +126,16 @@ def _run(workload: str, directory: str) -> dict[str, float]:
                 count = sum(1 for _ in stream.read())
                 best = max(best, count / (time.perf_counter() - start))
             return {"object read (cached), records/s": best}
+    if workload == "objwrite":
+        url = f"file://{directory}/objects"
+        with disklesslog.open(url, backend="objects", sequencer=f"memory://{directory}") as log:
+            stream = log.stream("s")
+            start = time.perf_counter()
+            for _ in range(300):
+                stream.append_batch([value] * 100)
+            return {"object writes (PUT + commit), flushes/s": 300 / (time.perf_counter() - start)}
+    if workload == "tiered":
+        return _tiered(directory, value)
     if workload == "sqlite":
         sequencer = open_sequencer(f"sqlite:///{directory}/meta.db")
         try:
@@ -141,6 +162,33 @@ def _run(workload: str, directory: str) -> dict[str, float]:
     if workload == "memory":
         return {"memory sequencer commits/s": _commits_per_second(open_sequencer("memory://c"))}
     raise SystemExit(f"unknown workload {workload!r}")
+
+
+def _tiered(directory: str, value: bytes) -> dict[str, float]:
+    """Tier 20 closed segments of 1 MiB to ``file://`` object storage, drop the local
+    copies, and read the stream back through the tier: cold (every block a ranged GET
+    into the block cache) and again (from the cache)."""
+    import disklesslog
+
+    options = {"segment_bytes": 1 << 20, "local_retention_bytes": 1}
+    tier_url = f"file://{directory}/tier"
+    with disklesslog.open(f"{directory}/log", tier_url=tier_url, **options) as log:
+        stream = log.stream("s")
+        for _ in range(200):
+            stream.append_batch([value] * 1000)
+        start = time.perf_counter()
+        log.tier()
+        tiered = time.perf_counter() - start
+        rates = []
+        for _ in range(2):
+            start = time.perf_counter()
+            count = sum(1 for _ in stream.read())
+            rates.append(count / (time.perf_counter() - start))
+    return {
+        "tiering, MB/s": 200 * 1000 * len(value) / tiered / 1e6,
+        "tiered read (cold), records/s": rates[0],
+        "tiered read (cached), records/s": rates[1],
+    }
 
 
 # --------------------------------------------------------------------- the driver

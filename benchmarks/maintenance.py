@@ -45,7 +45,7 @@ from objects import PlanLike
 
 import disklesslog
 from disklesslog.format import encode_batch
-from disklesslog.objects.cache import default_cache
+from disklesslog.storage.cache import default_cache
 
 GROUP_KEYS = ("maint-compact", "maint-merge", "maint-merge-read", "maint-tier")
 

@@ -54,8 +54,8 @@ from measured import (
 )
 
 import disklesslog
-from disklesslog.objects.cache import configure_default_cache
 from disklesslog.sequencers.memory import MemorySequencer
+from disklesslog.storage.cache import configure_default_cache
 
 VALUE_SIZE = 100
 OBJECT_BYTES = 8 << 20  # the writer's default max_object_bytes

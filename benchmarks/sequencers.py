@@ -60,8 +60,8 @@ class Servers:
 
 @contextmanager
 def servers(_work: Path) -> Iterator[Servers]:
-    from disklesslog.servers.postgres import postgres_server
-    from disklesslog.servers.s3 import moto_s3_server, s3_storage_options
+    from disklesslog.testing.servers.postgres import postgres_server
+    from disklesslog.testing.servers.s3 import moto_s3_server, s3_storage_options
 
     with postgres_server() as postgres, moto_s3_server() as endpoint:
         yield Servers(postgres, s3_storage_options(endpoint))

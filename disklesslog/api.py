@@ -9,7 +9,6 @@ appends, argument checking) is implemented once here; backends supply the storag
 from __future__ import annotations
 
 import math
-import re
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -22,18 +21,18 @@ from typing import TYPE_CHECKING, Any
 from .config import StreamConfig
 from .errors import (
     ConfigError,
-    InvalidStreamName,
     LogClosedError,
     OffsetOutOfRange,
     StreamNotFound,
 )
 from .format import MAX_OFFSET, MAX_TIMESTAMP
+from .maintenance.report import MaintenanceReport, Progress
+from .maintenance.retention import Unit, apply_retention
+from .names import validate_group_name, validate_stream_name
 from .records import Record, RecordBatch
 
 if TYPE_CHECKING:
     from .consumer import Consumer
-    from .maintenance.report import MaintenanceReport, Progress
-    from .maintenance.retention import Unit
     from .sequencers.base import TransactionResult
     from .transactions import StagedPart, Stager
     from .writer import Writer
@@ -50,34 +49,6 @@ __all__ = [
     "validate_group_name",
     "validate_stream_name",
 ]
-
-_NAME = re.compile(r"[A-Za-z0-9._-]{1,249}")
-
-
-def validate_stream_name(name: object) -> str:
-    """Return ``name`` if it is a valid stream name, else raise :class:`InvalidStreamName`.
-
-    Names are 1-249 characters of ``[A-Za-z0-9._-]`` and neither ``.`` nor ``..``
-    (Kafka's topic rule). A valid name can never be a path: it has no separator.
-    """
-    if not isinstance(name, str):
-        raise InvalidStreamName(f"a stream name must be a str, not {type(name).__name__}")
-    if not _NAME.fullmatch(name) or name in (".", ".."):
-        shown = name if len(name) <= 60 else name[:57] + "..."
-        raise InvalidStreamName(
-            f"invalid stream name {shown!r}: use 1-249 characters of letters, digits, "
-            "'.', '_' and '-' (not '.' or '..')"
-        )
-    return name
-
-
-def validate_group_name(name: object) -> str:
-    """Return ``name`` if it is a valid consumer-group name (the stream-name rule), else
-    raise :class:`InvalidStreamName`."""
-    try:
-        return validate_stream_name(name)
-    except InvalidStreamName as exc:
-        raise InvalidStreamName(str(exc).replace("stream name", "consumer group name")) from None
 
 
 def check_offset(value: object, what: str) -> int:
@@ -348,22 +319,25 @@ class Stream(ABC):
         return self.info().config
 
     # ------------------------------------------------------ maintenance hooks
+    # For the package's own modules: the one retention rule
+    # (:func:`disklesslog.maintenance.retention.apply_retention`) runs on every backend
+    # through these three, each backend saying what its units are and how it trims.
 
     @abstractmethod
-    def _retention_units(self) -> tuple[list[Unit], int]:
+    def retention_units(self) -> tuple[list[Unit], int]:
         """What retention judges: the pieces it may drop whole, oldest first (closed
         segments, tiered segments, batches), and the bytes after them that always stay
-        (the active segment)."""
+        (the active segment). For the package's own modules (retention)."""
 
-    def _unit_name(self, count: int) -> str:
-        """What :meth:`_retention_units` returns, for reports ("segments", "batches")."""
+    def retention_unit_name(self, count: int) -> str:
+        """What :meth:`retention_units` returns, for reports ("segments", "batches").
+        For the package's own modules (retention's report)."""
         return "unit" if count == 1 else "units"
 
-    def _trim_for_retention(self, before: int) -> MaintenanceReport:
+    def trim_for_retention(self, before: int) -> MaintenanceReport:
         """Trim for retention; returns what was deleted from storage at once (object
-        logs delete later: trimmed batches become garbage for the collector)."""
-        from .maintenance.report import MaintenanceReport  # noqa: PLC0415 - a cycle
-
+        logs delete later: trimmed batches become garbage for the collector). For the
+        package's own modules (retention, whose report counts what it freed)."""
         self.trim(before)
         return MaintenanceReport("retention")
 
@@ -401,7 +375,13 @@ class AbstractLog(ABC):
     ) -> None:
         self.close()
 
-    def _check_open(self) -> None:
+    def check_open(self) -> None:
+        """Raise :class:`~disklesslog.LogClosedError` once the log is closed.
+
+        For the package's own modules: a stream handle may still be used after its log
+        was closed, so a backend's stream calls check their log first, as the log's own
+        calls do.
+        """
         if self._closed:
             raise LogClosedError(f"{self._url} is closed")
 
@@ -525,9 +505,7 @@ class AbstractLog(ABC):
         """Delete records that ``retention_ms``/``retention_bytes`` no longer keep (streams
         whose ``cleanup_policy`` includes ``delete``): whole segments or batches from the
         oldest, never a local stream's active segment. ``now_ms`` replaces the clock."""
-        from .maintenance.retention import apply_retention  # noqa: PLC0415 - a cycle
-
-        self._check_open()
+        self.check_open()
         if stream is not None:
             validate_stream_name(stream)
         if now_ms is not None:
@@ -586,7 +564,7 @@ class AbstractLog(ABC):
     ) -> MaintenanceReport:
         """Delete stored data nothing refers to any more, once it has been unreferenced
         for ``grace_seconds`` (default 300: readers holding old locations finish first)."""
-        from .maintenance.grace import resolve_grace  # noqa: PLC0415 - a cycle
+        from .maintenance.grace import resolve_grace  # noqa: PLC0415 - grace.py imports api
 
         resolve_grace(grace_seconds)
         return self._not_applicable("gc", dry_run)
@@ -627,10 +605,9 @@ class AbstractLog(ABC):
         """Run every maintenance operation that applies to this log, in order: retention,
         compaction, merging, tiering, garbage collection (log-wide, with
         ``grace_seconds``). Returns their reports added up."""
-        from .maintenance.grace import resolve_grace  # noqa: PLC0415 - a cycle
-        from .maintenance.report import MaintenanceReport  # noqa: PLC0415 - a cycle
+        from .maintenance.grace import resolve_grace  # noqa: PLC0415 - grace.py imports api
 
-        self._check_open()
+        self.check_open()
         # Every argument is checked before the first step changes anything.
         if stream is not None:
             validate_stream_name(stream)
@@ -662,9 +639,7 @@ class AbstractLog(ABC):
     ) -> MaintenanceReport:
         """A report saying the operation does not apply; its arguments are still checked,
         so a bad one is refused on every backend alike."""
-        from .maintenance.report import MaintenanceReport  # noqa: PLC0415 - a cycle
-
-        self._check_open()
+        self.check_open()
         if stream is not None:
             validate_stream_name(stream)
         if now_ms is not None:

@@ -27,6 +27,10 @@ __all__ = [
     "SequencerDamaged",
     "SequencerError",
     "StorageError",
+    "StorageNotFound",
+    "StoragePermissionError",
+    "StorageThrottled",
+    "StorageUnavailable",
     "StreamExistsError",
     "StreamNotFound",
     "TransactionError",
@@ -156,14 +160,71 @@ class DataLossError(CorruptDataError):
 
 
 class StorageError(DisklessLogError, OSError):
-    """A storage request (an object store's GET, PUT or LIST) kept failing after every
-    retry the library makes (exponential backoff with jitter): the storage is down,
-    unreachable, throttling, or refusing the credentials. Nothing is known to be lost or
-    damaged, and a failed write left nothing visible. The message names the object and
-    the last failure (also chained as ``__cause__``): retry later, and check the
-    storage's health and credentials if it persists.
+    """A storage request (an object store's GET, PUT or LIST, or a local file's read or
+    write) failed: nothing is known to be lost or damaged, and a failed write left
+    nothing visible. The message names what was asked and the last failure (also
+    chained as ``__cause__``). Also an ``OSError``, so code that handles I/O failures
+    generally keeps working.
 
-    Also an ``OSError``, so code that handles I/O failures generally keeps working."""
+    The subclasses say why, for object storage: :class:`StorageNotFound`,
+    :class:`StoragePermissionError`, :class:`StorageUnavailable` and
+    :class:`StorageThrottled`. A plain ``StorageError`` is a failure of no known kind
+    (an I/O error, a full disk, a client error this library does not recognise).
+
+    ``url`` names the storage (or object) and ``operation`` the request (``get``,
+    ``put``, ``create``, ``delete``, ``open``...) when known. ``retriable`` says whether
+    trying again later may succeed: the library already retried those, up to its retry
+    deadline (option ``retry_deadline_ms``), before raising."""
+
+    retriable: bool = True
+    """Whether the same request may succeed later (the class default; an error
+    classified from a client's may say otherwise)."""
+
+    def __init__(
+        self,
+        *args: object,
+        url: str | None = None,
+        operation: str | None = None,
+        retriable: bool | None = None,
+    ) -> None:
+        super().__init__(*args)
+        self.url = url
+        self.operation = operation
+        if retriable is not None:
+            self.retriable = retriable
+
+
+class StorageNotFound(StorageError):
+    """The bucket (an Azure container, or the directory a log lives in) does not exist:
+    no retry creates it. Create it, or fix the URL. (A missing *object* is not this: the
+    call that needed it says what its absence means, e.g. :class:`DataLossError`.)"""
+
+    retriable = False
+
+
+class StoragePermissionError(StorageError):
+    """The storage refused the request's credentials (HTTP 401/403, an expired or
+    invalid key or token) or found none: no retry helps. Check the credentials in
+    ``storage_options`` or the environment, and the bucket's permissions."""
+
+    retriable = False
+
+
+class StorageUnavailable(StorageError):
+    """The storage could not be reached or failed to answer (connection refused or
+    reset, a DNS failure, a timeout, an HTTP 5xx) on every attempt until the retry
+    deadline: it is down or unreachable. Retry later; check the endpoint and network."""
+
+    retriable = True
+
+
+class StorageThrottled(StorageError):
+    """The storage kept asking the client to slow down (HTTP 429, S3's 503 SlowDown,
+    Azure's ServerBusy) until the retry deadline, despite the longer backoff this
+    library gives throttled requests. Retry later, or spread the load (fewer concurrent
+    writers, or writers that flush less often)."""
+
+    retriable = True
 
 
 class SequencerError(DisklessLogError):

@@ -38,12 +38,19 @@ def as_storage_error(exc: OSError, what: str) -> StorageError:
     return StorageError(exc.errno, f"{what}: {exc.strerror}", exc.filename)
 
 
-def typed_os_errors(*, iterators: Iterable[str] = (), also: Iterable[str] = ()) -> Callable[[C], C]:
+def typed_os_errors(
+    *, iterators: Iterable[str] = (), also: Iterable[str] = (), internal: Iterable[str] = ()
+) -> Callable[[C], C]:
     """Class decorator: every public method and property defined in the class (and its
     ``__init__``) raises an ``OSError`` that is not already a ``DisklessLogError`` as a
     :class:`StorageError` naming the class and method. Private methods named in
     ``also`` are translated too: hooks a base class's public methods call (a stager's
     ``_store``), which this class's public methods therefore do not cover.
+
+    Methods and properties named in ``internal`` are left as they are: those for the
+    package's own modules (a log's ``with_store`` for its streams and maintenance), which
+    run inside public calls that translate, so an error names the public call and the
+    hot paths pay no second wrapper.
 
     Methods named in ``iterators`` return iterators whose ``next()`` reads files; their
     results are wrapped so that failures while iterating are translated too. The wrapper
@@ -52,10 +59,11 @@ def typed_os_errors(*, iterators: Iterable[str] = (), also: Iterable[str] = ()) 
     """
     lazy = frozenset(iterators)
     hooks = frozenset(also) | {"__init__"}
+    skipped = frozenset(internal)
 
     def decorate(cls: C) -> C:
         for name, member in list(vars(cls).items()):
-            if name.startswith("_") and name not in hooks:
+            if (name.startswith("_") and name not in hooks) or name in skipped:
                 continue
             what = f"{cls.__name__}.{name}"
             if isinstance(member, property) and member.fget is not None:

@@ -1,19 +1,29 @@
-"""How storage requests are retried: one policy for every request the object backend and
-tiering make, reads, writes and deletes alike.
+"""How storage requests are retried: one policy for every request the object backend,
+tiering and the object-store sequencer make, reads, writes and deletes alike.
 
 Two kinds of failure are retried, each its own way:
 
-* **A request that fails** (a connection reset, a timeout, a throttled or failed
-  request: whatever the client raises, ``OSError`` or not) is made again after an
-  exponential backoff with jitter, :data:`ATTEMPTS` times in all (:func:`retrying`);
-  the last failure is raised as :class:`~disklesslog.StorageError` naming what was
-  asked. Retrying is safe for every request retried this way: GETs and LISTs change
-  nothing, PUTs write write-once keys with the same bytes (or create a key only if it
-  is absent, and a retry after a lost response finds it), and DELETEs are idempotent.
-  A missing object is not transient: its ``FileNotFoundError`` passes through at once,
-  for the caller to say what it means (for a read usually
-  :class:`~disklesslog.DataLossError`, for a delete success), and so do this library's
-  own errors.
+* **A request that fails** is first classified (:mod:`disklesslog.storage.failures`):
+  a missing bucket or container (:class:`~disklesslog.StorageNotFound`) and refused or
+  missing credentials (:class:`~disklesslog.StoragePermissionError`) can never succeed
+  and are raised at once; an unreachable or failing storage
+  (:class:`~disklesslog.StorageUnavailable`: connection refused or reset, DNS,
+  timeouts, HTTP 5xx), a throttled request (:class:`~disklesslog.StorageThrottled`:
+  HTTP 429, S3's 503 SlowDown) and failures of no known kind (clients raise transient
+  errors of their own types) are made again (:func:`retrying`) after an exponential
+  backoff with full jitter (:func:`backoff`), longer for throttled requests, at most
+  :data:`ATTEMPTS` times in all and never past the request's deadline
+  (:data:`DEADLINE`, the ``retry_deadline_ms`` option of object logs): no attempt
+  starts that would begin after it. The last failure is raised, typed, naming what
+  was asked. Retrying is safe for every request retried this way: GETs and LISTs
+  change nothing, PUTs write write-once keys with the same bytes (or create a key
+  only if it is absent, and a retry after a lost response finds it), and DELETEs are
+  idempotent. A missing object is not a failure: its ``FileNotFoundError`` passes
+  through at once, for the caller to say what it means (for a read usually
+  :class:`~disklesslog.DataLossError`, for a delete success), and so do this
+  library's own errors. Each failed attempt is logged at DEBUG on the
+  ``disklesslog`` logger; a request that succeeded only after retries, or that gave
+  up, at WARNING.
 * **Bytes that arrive but fail their checksum** were damaged by the network, the
   storage or a cache on the way, or are damaged at rest; only fetching them again
   tells which. Readers and rewrites fetch them again straight from storage (past every
@@ -23,6 +33,11 @@ Two kinds of failure are retried, each its own way:
   would only repeat them). A cure is logged as a warning (:func:`log_cured`):
   something between the storage and the reader is giving bad bytes, and an operator
   should know.
+
+The deadline bounds this library's retries, not one attempt: a client that retries
+inside a call (s3fs and botocore, gcsfs and azure-core all do, for up to tens of
+seconds against an unreachable endpoint) spends its own time first. Configure the
+client's retries and timeouts through ``storage_options`` to bound that too.
 """
 
 from __future__ import annotations
@@ -33,16 +48,27 @@ import time
 from collections.abc import Callable
 from typing import TypeVar
 
-from .errors import CorruptDataError, DisklessLogError, StorageError
+from .errors import (
+    ConfigError,
+    CorruptDataError,
+    DisklessLogError,
+    StorageNotFound,
+    StorageThrottled,
+)
 from .metrics import Metrics
+from .storage.failures import classify, storage_error
 
 __all__ = [
     "ATTEMPTS",
+    "DEADLINE",
     "DELAY",
+    "MAX_DELAY",
     "REFETCHES",
+    "THROTTLED_FACTOR",
+    "backoff",
     "damaged",
+    "deadline_seconds",
     "log_cured",
-    "pause",
     "refetched",
     "retrying",
 ]
@@ -52,51 +78,109 @@ log = logging.getLogger("disklesslog")
 ATTEMPTS = 5
 """Attempts at one request before its failure is reported (the first one included)."""
 DELAY = 0.05
-"""Seconds before the first retry; each further retry waits twice as long, with jitter."""
+"""Seconds of the first backoff's ceiling; each further retry's ceiling doubles."""
+MAX_DELAY = 10.0
+"""Seconds a backoff's ceiling never exceeds."""
+THROTTLED_FACTOR = 10
+"""How much longer a throttled request backs off: the storage asked for fewer
+requests, and retrying as fast as after a dropped connection would keep it refusing."""
+DEADLINE = 30.0
+"""Seconds after a request's first attempt in which its retries must start (the
+default of the ``retry_deadline_ms`` option)."""
 REFETCHES = 3
 """Fetches straight from storage of bytes that failed their checksum, at most."""
 
 T = TypeVar("T")
 
 
-def pause(attempt: int, delay: float = DELAY) -> None:
-    """Sleep before retry number ``attempt`` (1 for the first): ``delay * 2**(attempt-1)``,
-    times a random factor in [0.5, 1.5) so that clients failing together do not retry
-    together."""
-    time.sleep(delay * 2 ** (attempt - 1) * (0.5 + random.random()))
+def backoff(attempt: int, delay: float = DELAY, *, throttled: bool = False) -> float:
+    """Seconds to wait before retry number ``attempt`` (1 for the first): "full jitter",
+    a random time between 0 and ``delay * 2**(attempt-1)`` (times
+    :data:`THROTTLED_FACTOR` when ``throttled``, at most :data:`MAX_DELAY`), so that
+    clients failing together spread their retries instead of retrying together."""
+    ceiling = delay * (THROTTLED_FACTOR if throttled else 1) * 2 ** (attempt - 1)
+    return random.uniform(0, min(ceiling, MAX_DELAY))
+
+
+def deadline_seconds(option: object, name: str = "retry_deadline_ms") -> float:
+    """The retry deadline in seconds from an option in milliseconds (a positive int);
+    anything else is a :class:`ConfigError`."""
+    if type(option) is not int or option <= 0:
+        raise ConfigError(f"{name} must be a positive int (milliseconds), not {option!r}")
+    return option / 1000
 
 
 def retrying(
     call: Callable[[], T],
     what: str,
     *,
-    metrics: Metrics,
-    counter: str,
+    metrics: Metrics | None = None,
+    counter: str = "",
     attempts: int = ATTEMPTS,
     delay: float = DELAY,
     final: tuple[type[Exception], ...] = (),
+    deadline: float = DEADLINE,
+    url: str | None = None,
+    operation: str | None = None,
 ) -> T:
-    """``call()``, made again after any failure but this library's errors and those of
-    the types in ``final``, which propagate at once (reads pass ``FileNotFoundError``:
-    a missing object stays missing). Each failure adds 1 to ``metrics[counter]``. After
-    ``attempts`` failures, raises :class:`StorageError` ``"{what} after N attempts:
-    {last failure}"``, chained to that failure.
+    """``call()``, made again after a retriable failure (see the module's docstring)
+    while fewer than ``attempts`` were made and the next would start within
+    ``deadline`` seconds of the first. This library's errors, a ``FileNotFoundError``
+    of a read (the object is missing) and exceptions of the types in ``final``
+    propagate unchanged at once, unless they show a missing bucket (then
+    :class:`~disklesslog.StorageNotFound`). Every other failure adds 1 to
+    ``metrics[counter]``; a failure that cannot succeed is raised at once as its
+    :class:`~disklesslog.StorageError` subclass, and the last retriable one as
+    ``"{what} after N attempts: {failure} [...]"``, chained to it.
 
-    Clients raise their own transient errors (gcsfs's ``HttpError`` and Azure's
-    ``ServiceRequestError`` are not ``OSError``), so every other exception counts."""
-    for attempt in range(1, attempts + 1):
+    ``url`` names the storage in the error; ``operation`` the request (``get``,
+    ``put``, ``create``, ``delete``...), by default the ``counter``'s name without
+    its ``tier_`` prefix and ``_errors`` suffix (``put_errors`` counts PUTs)."""
+    operation = operation or counter.removeprefix("tier_").removesuffix("_errors") or "request"
+    started = time.monotonic()
+    attempt = 0
+    last: Exception | None = None
+    while True:
+        attempt += 1
         try:
-            return call()
+            result = call()
         except DisklessLogError:
             raise
-        except final:
-            raise
         except Exception as exc:
-            metrics.add(counter)
-            if attempt == attempts:
-                raise StorageError(f"{what} after {attempt} attempts: {exc}") from exc
-            pause(attempt, delay)
-    raise AssertionError("unreachable: the last attempt returns or raises")
+            kind = classify(exc, operation)
+            if kind is None or (isinstance(exc, final) and kind[0] is not StorageNotFound):
+                raise  # an answer for the caller (the object is missing)
+            error_class, retriable = kind
+            if metrics is not None:
+                metrics.add(counter)
+            last = exc
+            wait = backoff(attempt, delay, throttled=issubclass(error_class, StorageThrottled))
+            elapsed = time.monotonic() - started
+            if not retriable or attempt >= attempts or elapsed + wait > deadline:
+                failure = storage_error(exc, what, url=url, operation=operation, attempts=attempt)
+                if retriable:
+                    log.warning("%s (gave up after %.2f s)", failure, elapsed)
+                raise failure from exc
+            log.debug(
+                "%s: attempt %d failed (%s: %s); retrying in %.3f s",
+                what,
+                attempt,
+                type(exc).__name__,
+                exc,
+                wait,
+            )
+            time.sleep(wait)
+        else:
+            if last is not None:
+                log.warning(
+                    "storage request succeeded at attempt %d after %.2f s of retries; "
+                    "the attempts before failed (%s: %s)",
+                    attempt,
+                    time.monotonic() - started,
+                    what,
+                    last,
+                )
+            return result
 
 
 def log_cured(failure: CorruptDataError, refetches: int) -> None:

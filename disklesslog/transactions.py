@@ -29,7 +29,6 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from .api import validate_stream_name
 from .config import StreamConfig, require_keys
 from .errors import (
     ConfigError,
@@ -39,6 +38,7 @@ from .errors import (
     TransactionError,
 )
 from .format import EncodedBatch, as_column, encode_batch
+from .names import validate_stream_name
 from .sequencers.base import BatchToCommit, TransactionResult
 
 if TYPE_CHECKING:

@@ -19,13 +19,14 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Sequence
 from concurrent.futures import Future
+
+# The states of Future's private protocol, which _BatchFuture (below) sets itself.
 from concurrent.futures._base import FINISHED as _FINISHED
 from concurrent.futures._base import PENDING as _PENDING
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any
 
-from .api import validate_stream_name
 from .config import StreamConfig, require_keys
 from .errors import ConfigError, DisklessLogError, LogClosedError
 from .format import (
@@ -36,6 +37,7 @@ from .format import (
     check_record,
     prepare_batch,
 )
+from .names import validate_stream_name
 
 __all__ = ["Writer"]
 
@@ -160,11 +162,15 @@ _Part = _Loose | _Whole
 
 
 @dataclass(eq=False)
-class _Flush:
+class Flush:
     """One flush on its way to storage: each stream's encoded batches (``work``), the
     buffered parts whose futures they settle (``parts``, aligned with ``work``), the
     buffer bytes it holds (``freed`` when it finishes) and how many appends it completes
-    (``target``: flush() callers wait for the appends accepted before theirs)."""
+    (``target``: flush() callers wait for the appends accepted before theirs).
+
+    For the package's own modules: a backend's writer overrides the hooks that take it
+    (:meth:`Writer._prepare`, :meth:`Writer._dispatch`), as the object writer does to
+    number and upload each flush as one object."""
 
     work: list[tuple[str, list[EncodedBatch]]]
     parts: list[list[_Part]]
@@ -174,7 +180,14 @@ class _Flush:
 
 
 @dataclass
-class _StreamBuffer:
+class StreamBuffer:
+    """One stream's buffered appends, in the order accepted, and the config they are
+    encoded with.
+
+    For the package's own modules: :meth:`Writer._prepare`, which a backend's writer
+    overrides (the object writer, to note its producer before a flush is encoded), takes
+    the buffers a flush empties."""
+
     config: StreamConfig
     parts: list[_Part] = field(default_factory=list)
 
@@ -221,7 +234,7 @@ class Writer(ABC):
         # only for waiting (flush, back-pressure, the flusher's timer) and notifying.
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)
-        self._buffers: dict[str, _StreamBuffer] = {}
+        self._buffers: dict[str, StreamBuffer] = {}
         self._configs: dict[str, StreamConfig] = {}  # fixed for a stream's life
         self._buffered_bytes = 0  # in the buffers: a flush is due at max_buffer_bytes
         self._held_bytes = 0  # buffered + being written: appends wait at max_held_bytes
@@ -229,7 +242,7 @@ class Writer(ABC):
         self._accepted = 0
         self._completed = 0
         self._flush_wanted = False
-        self._inflight: collections.deque[_Flush] = collections.deque()
+        self._inflight: collections.deque[Flush] = collections.deque()
         """Dispatched flushes not yet finished, oldest first: appends count as completed
         in flush order, even if a pipelined backend finishes flushes out of order."""
         self._closed = False
@@ -266,7 +279,7 @@ class Writer(ABC):
         each batch, or the error that kept that stream's batches from being stored."""
         raise NotImplementedError(f"{type(self).__name__} must implement _write or _dispatch")
 
-    def _dispatch(self, flush: _Flush) -> None:
+    def _dispatch(self, flush: Flush) -> None:
         """Hand an encoded flush to storage, from the flusher thread. The default stores
         it with :meth:`_write` and finishes it at once; a pipelined backend starts the
         work, returns, and calls :meth:`_finish` when the flush's fate is known."""
@@ -407,7 +420,7 @@ class Writer(ABC):
             config = self._configs[stream] = self._config_for(validate_stream_name(stream))
         return config
 
-    def _admit(self, stream: str, config: StreamConfig, size: int) -> _StreamBuffer:
+    def _admit(self, stream: str, config: StreamConfig, size: int) -> StreamBuffer:
         """Wait for room (back-pressure) and account for ``size`` bytes (lock held)."""
         if self._closed:
             raise LogClosedError("the writer is closed")
@@ -419,7 +432,7 @@ class Writer(ABC):
             raise LogClosedError("the writer is closed")
         buffer = self._buffers.get(stream)
         if buffer is None:
-            buffer = self._buffers[stream] = _StreamBuffer(config)
+            buffer = self._buffers[stream] = StreamBuffer(config)
         self._buffered_bytes += size
         self._held_bytes += size
         return buffer
@@ -477,7 +490,7 @@ class Writer(ABC):
         finally:
             self._drain()
 
-    def _prepare(self, taken: dict[str, _StreamBuffer], target: int) -> _Flush:
+    def _prepare(self, taken: dict[str, StreamBuffer], target: int) -> Flush:
         """Encode every stream's buffered parts into batches (in flush order, so producer
         numbering follows it). A stream whose records fail to encode fails at once."""
         work: list[tuple[str, list[EncodedBatch]]] = []
@@ -493,9 +506,9 @@ class Writer(ABC):
                 continue
             work.append((stream, encoded))
             parts_of.append(parts)
-        return _Flush(work, parts_of, freed, target)
+        return Flush(work, parts_of, freed, target)
 
-    def _finish(self, flush: _Flush, results: Sequence[list[int] | BaseException]) -> None:
+    def _finish(self, flush: Flush, results: Sequence[list[int] | BaseException]) -> None:
         """Settle a flush: per stream (aligned with ``flush.work``) the base offset of each
         batch, or the error that kept them from being stored. Releases its buffer bytes;
         appends count as completed once every earlier flush has finished too."""

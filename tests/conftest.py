@@ -1,204 +1,37 @@
-"""Shared fixtures. ``log_factory`` runs the conformance suites against every backend:
-local segments; the object backend on ``memory://`` (memory sequencer) and ``file://``
-(SQLite), both also with the object-store sequencer; ``file://`` with PostgreSQL
-(marked ``postgres``); and on S3, Azure and GCS through real server processes and the
-real fsspec clients (moto, Azurite, fake-gcs-server; marked ``s3``, ``azure``, ``gcs``
-and ``slow``), sequenced by the object-store sequencer in the bucket, the default for
-remote storage."""
+"""Shared fixtures. The conformance suites are the contracts the package ships
+(:mod:`disklesslog.testing.contracts`); the project runs them on its backends
+(``backends.py``) and sequencers by subclassing them in ``tests/conformance``,
+``tests/maintenance/test_compaction_contract.py`` and
+``tests/sequencers/test_contract.py``. Here: the maintenance fixtures, on every backend."""
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
+from backends import (
+    open_file_objectstore,
+    open_file_postgres,
+    open_memory,
+    open_s3,
+    open_segments,
+    remove_memory_log,
+)
 
-import disklesslog
 from disklesslog import AbstractLog
-from disklesslog.servers.azurite import azure_storage_options
-
-# Imported before anything imports gcsfs: sets GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT=false, without
-# which every bucket access on the GCS emulator stalls 60 s on a gRPC probe.
-from disklesslog.servers.gcs import gcs_storage_options
-from disklesslog.testing import create_bucket, s3_storage_options
+from disklesslog.testing.contracts import LogFactory
 
 
 @dataclass
 class Backend:
-    """How to open one kind of log for the conformance suites."""
+    """How to open one kind of log for the maintenance tests."""
 
     name: str
     open: Callable[[Path, dict[str, Any], pytest.FixtureRequest], AbstractLog]
     objects: bool = False  # the object-storage backend (one object + commit per flush)
-
-
-def _segments(path: Path, options: dict[str, Any], request: pytest.FixtureRequest) -> AbstractLog:
-    options.setdefault("fsync", "never")
-    return disklesslog.open(path / "log", **options)
-
-
-def _memory_url(path: Path) -> str:
-    # One name per test (derived from its tmp_path), so reopening sees the same log and
-    # the memory sequencer registry shares its state, while tests stay apart.
-    return f"memory://conformance-{path.name}-{_token(path)}/log"
-
-
-def _memory(path: Path, options: dict[str, Any], request: pytest.FixtureRequest) -> AbstractLog:
-    return disklesslog.open(_memory_url(path), **options)
-
-
-def _file_objects(
-    path: Path, options: dict[str, Any], request: pytest.FixtureRequest
-) -> AbstractLog:
-    return disklesslog.open(f"file://{path}/objects-log", backend="objects", **options)
-
-
-def _memory_objectstore(
-    path: Path, options: dict[str, Any], request: pytest.FixtureRequest
-) -> AbstractLog:
-    return disklesslog.open(_memory_url(path), sequencer="objectstore://", **options)
-
-
-def _file_objectstore(
-    path: Path, options: dict[str, Any], request: pytest.FixtureRequest
-) -> AbstractLog:
-    return disklesslog.open(
-        f"file://{path}/objects-log", backend="objects", sequencer="objectstore://", **options
-    )
-
-
-def _file_postgres(
-    path: Path, options: dict[str, Any], request: pytest.FixtureRequest
-) -> AbstractLog:
-    """file:// objects sequenced by PostgreSQL, in a schema of the test's own (one name
-    per test directory, so reopening finds the same one), dropped after the test."""
-    from disklesslog.servers.postgres import drop_schema
-
-    server = request.getfixturevalue("postgres_server")
-    schema = f"t_{_token(path)}"
-    if schema not in _SCHEMAS:
-        _SCHEMAS.add(schema)
-        request.addfinalizer(lambda: drop_schema(server, schema))
-    return disklesslog.open(
-        f"file://{path}/objects-log",
-        backend="objects",
-        sequencer=f"{server}?schema={schema}",
-        **options,
-    )
-
-
-_SCHEMAS: set[str] = set()
-
-
-def _s3(path: Path, options: dict[str, Any], request: pytest.FixtureRequest) -> AbstractLog:
-    import s3fs
-
-    endpoint = request.getfixturevalue("s3_server")
-    storage_options = s3_storage_options(endpoint)
-    bucket = f"conformance-{_token(path)}"
-    fs = s3fs.S3FileSystem(**storage_options)
-    if not fs.exists(bucket):
-        fs.mkdir(bucket)
-    return disklesslog.open(f"s3://{bucket}/log", storage_options=storage_options, **options)
-
-
-def _azure(path: Path, options: dict[str, Any], request: pytest.FixtureRequest) -> AbstractLog:
-    storage_options = azure_storage_options(request.getfixturevalue("azure_server"))
-    return _cloud_log("az", storage_options, path, options)
-
-
-def _gcs(path: Path, options: dict[str, Any], request: pytest.FixtureRequest) -> AbstractLog:
-    storage_options = gcs_storage_options(request.getfixturevalue("gcs_server"))
-    return _cloud_log("gs", storage_options, path, options)
-
-
-def _cloud_log(
-    protocol: str, storage_options: dict[str, Any], path: Path, options: dict[str, Any]
-) -> AbstractLog:
-    """A log in the test's own bucket (reopening finds the same one), sequenced by the
-    default for remote storage: the object-store sequencer inside the log."""
-    bucket = create_bucket(protocol, storage_options, f"conformance-{_token(path)}")
-    return disklesslog.open(
-        f"{protocol}://{bucket}/log", storage_options=storage_options, **options
-    )
-
-
-_TOKENS: dict[Path, str] = {}
-
-
-def _token(path: Path) -> str:
-    return _TOKENS.setdefault(path, uuid.uuid4().hex[:12])
-
-
-def _slow(mark: pytest.MarkDecorator) -> list[pytest.MarkDecorator]:
-    return [mark, pytest.mark.slow]
-
-
-BACKENDS = [
-    pytest.param(Backend("segments", _segments), id="segments"),
-    pytest.param(Backend("memory", _memory, objects=True), id="memory"),
-    pytest.param(Backend("file-objects", _file_objects, objects=True), id="file-objects"),
-    pytest.param(
-        Backend("memory-objectstore", _memory_objectstore, objects=True), id="memory-objectstore"
-    ),
-    pytest.param(
-        Backend("file-objectstore", _file_objectstore, objects=True), id="file-objectstore"
-    ),
-    pytest.param(
-        Backend("file-postgres", _file_postgres, objects=True),
-        id="file-postgres",
-        marks=pytest.mark.postgres,
-    ),
-    # The emulators answer in milliseconds, not microseconds: their full conformance runs
-    # belong to the whole suite (slow); tests/objects/test_clouds.py keeps a quick round
-    # trip on each in the fast one.
-    pytest.param(Backend("s3", _s3, objects=True), id="s3", marks=_slow(pytest.mark.s3)),
-    pytest.param(
-        Backend("azure", _azure, objects=True), id="azure", marks=_slow(pytest.mark.azure)
-    ),
-    pytest.param(Backend("gcs", _gcs, objects=True), id="gcs", marks=_slow(pytest.mark.gcs)),
-]
-
-
-class LogFactory:
-    """Opens (and reopens) one log location of one backend; closes them all at the end."""
-
-    def __init__(self, backend: Backend, path: Path, request: pytest.FixtureRequest) -> None:
-        self.backend = backend
-        self.path = path
-        self.request = request
-        self.opened: list[AbstractLog] = []
-
-    def __call__(self, **options: Any) -> AbstractLog:
-        log = self.backend.open(self.path, dict(options), self.request)
-        self.opened.append(log)
-        return log
-
-    def close_all(self) -> None:
-        for log in self.opened:
-            log.close()
-        if self.backend.open in (_memory, _memory_objectstore):
-            # memory:// is process-wide: free the objects
-            import fsspec
-
-            fs, root = fsspec.core.url_to_fs(_memory_url(self.path))
-            if fs.exists(root):
-                fs.rm(root, recursive=True)
-
-
-@pytest.fixture(params=BACKENDS)
-def log_factory(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[LogFactory]:
-    factory = LogFactory(request.param, tmp_path, request)
-    yield factory
-    factory.close_all()
-
-
-@pytest.fixture
-def log(log_factory: LogFactory) -> AbstractLog:
-    return log_factory()
 
 
 def _maintenance_backends(*, fast_servers: bool) -> list[Any]:
@@ -209,17 +42,19 @@ def _maintenance_backends(*, fast_servers: bool) -> list[Any]:
     tests marked ``all_backends`` (one or two per operation)."""
     server = [] if fast_servers else [pytest.mark.slow]
     return [
-        pytest.param(Backend("segments", _segments), id="segments"),
-        pytest.param(Backend("memory", _memory, objects=True), id="memory"),
+        pytest.param(Backend("segments", open_segments), id="segments"),
+        pytest.param(Backend("memory", open_memory, objects=True), id="memory"),
         pytest.param(
-            Backend("file-objectstore", _file_objectstore, objects=True), id="file-objectstore"
+            Backend("file-objectstore", open_file_objectstore, objects=True), id="file-objectstore"
         ),
         pytest.param(
-            Backend("file-postgres", _file_postgres, objects=True),
+            Backend("file-postgres", open_file_postgres, objects=True),
             id="file-postgres",
             marks=pytest.mark.postgres,
         ),
-        pytest.param(Backend("s3", _s3, objects=True), id="s3", marks=[pytest.mark.s3, *server]),
+        pytest.param(
+            Backend("s3", open_s3, objects=True), id="s3", marks=[pytest.mark.s3, *server]
+        ),
     ]
 
 
@@ -235,12 +70,18 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         metafunc.parametrize("object_maintenance_factory", objects, indirect=True)
 
 
+def _factory(backend: Backend, path: Path, request: pytest.FixtureRequest) -> Iterator[LogFactory]:
+    factory = LogFactory(backend.open, path, request)
+    yield factory
+    factory.close_all()
+    if backend.open is open_memory:
+        remove_memory_log(path)
+
+
 @pytest.fixture
 def maintenance_factory(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[LogFactory]:
     """Opens logs of one maintenance backend (see :func:`_maintenance_backends`)."""
-    factory = LogFactory(request.param, tmp_path, request)
-    yield factory
-    factory.close_all()
+    yield from _factory(request.param, tmp_path, request)
 
 
 @pytest.fixture
@@ -249,9 +90,7 @@ def object_maintenance_factory(
 ) -> Iterator[LogFactory]:
     """The object-storage backends of :func:`_maintenance_backends`: for the maintenance
     only object logs have (merging, garbage collection) and their compaction details."""
-    factory = LogFactory(request.param, tmp_path, request)
-    yield factory
-    factory.close_all()
+    yield from _factory(request.param, tmp_path, request)
 
 
 # Spark first: a Spark test that also needs S3 joins the Spark worker (a second moto
@@ -262,8 +101,16 @@ _SERVER_MARKS = ("spark", "s3", "azure", "gcs")
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Under pytest-xdist (``--dist loadgroup``), run every test of one emulator on one
     worker: each (moto, Azurite, fake-gcs-server, Spark's JVM) then starts once per run
-    instead of once per worker. PostgreSQL's tests are many and spread: it starts per worker."""
+    instead of once per worker. PostgreSQL's tests are many and spread: it starts per worker.
+
+    Also marks ``slow`` the tests of a contract subclass that sets
+    ``slow_unless_all_backends`` (a remote backend) unless the test is marked
+    ``all_backends``: as :func:`_maintenance_backends` does for the maintenance tests.
+    (This hook runs before ``-m`` deselects: conftest hooks come before pytest's own.)"""
     for item in items:
+        slow_here = getattr(getattr(item, "cls", None), "slow_unless_all_backends", False)
+        if slow_here and item.get_closest_marker("all_backends") is None:
+            item.add_marker(pytest.mark.slow)
         for mark in _SERVER_MARKS:
             if item.get_closest_marker(mark) is not None:
                 item.add_marker(pytest.mark.xdist_group(mark))

@@ -141,7 +141,7 @@ def test_progress_bar_on_a_terminal_only(tmp_path: Path) -> None:
 def test_progress_draws_tqdm_bars_on_a_terminal(monkeypatch: pytest.MonkeyPatch) -> None:
     import io
 
-    from disklesslog.maintenance.cli import _progress
+    from disklesslog.cli.maintenance import _progress
 
     class Terminal(io.StringIO):
         def isatty(self) -> bool:
@@ -192,7 +192,7 @@ def test_merge_target_bytes_on_an_object_log(
     ("text", "size"), [("4096", 4096), ("4KiB", 4096), ("64MiB", 64 << 20), ("1gib", 1 << 30)]
 )
 def test_sizes_take_binary_suffixes(text: str, size: int) -> None:
-    from disklesslog.maintenance.cli import _size
+    from disklesslog.cli.args import byte_size as _size
 
     assert _size(text) == size
 

@@ -1,4 +1,4 @@
-"""The code stays ruff-clean and type-checked: CI runs these with the tests."""
+"""The code stays ruff-clean, type-checked and layered: CI runs these with the tests."""
 
 from __future__ import annotations
 
@@ -34,3 +34,11 @@ def test_ruff_format() -> None:
 
 def test_mypy_strict_on_the_package() -> None:
     _run(_tool("mypy"))
+
+
+def test_imports_only_point_down_the_layers() -> None:
+    """The import-linter contracts in pyproject.toml: front ends (cli, spark, testing) over
+    the backends (segments, objects: never each other) over the sequencers (no backend, no
+    log API) over the storage layer over the core, which imports none of them. A
+    back-arrow, lazy imports included, fails with the chain of imports that makes it."""
+    _run(_tool("lint-imports"), "--no-cache")

@@ -94,7 +94,7 @@ def apply_retention(
             if stream is not None:
                 report.skipped.append(f"{name}: cleanup_policy={config.cleanup_policy!r}")
             continue
-        units, tail = handle._retention_units()
+        units, tail = handle.retention_units()
         found = retention_point(units, tail, config, now)
         if found is None:
             continue
@@ -104,11 +104,11 @@ def apply_retention(
             continue
         report.actions.append(
             f"{name}: start offset {start:,} -> {point:,} ({reason}; {count:,} "
-            f"{handle._unit_name(count)}, {size:,} bytes)"
+            f"{handle.retention_unit_name(count)}, {size:,} bytes)"
         )
         report.add(records_removed=point - start, bytes_removed=size)
         if not dry_run:
-            report.merge(handle._trim_for_retention(point))
+            report.merge(handle.trim_for_retention(point))
     if progress is not None:
         progress("retention", len(names), len(names))
     return report

@@ -11,8 +11,10 @@ importing disklesslog (or this package, e.g. for its storage helpers) stays chea
 
 from __future__ import annotations
 
+import sys
 from typing import TYPE_CHECKING, Any
 
+from ..storage import cache
 from ..urls import register_backend
 
 if TYPE_CHECKING:
@@ -21,6 +23,10 @@ if TYPE_CHECKING:
 __all__ = ["ObjectLog", "ObjectStream"]
 
 SCHEMES = ("s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "memory")
+
+# The block cache lives in the storage layer (tiering reads through it too); its
+# earlier public name, ``disklesslog.objects.cache``, stays importable.
+sys.modules[f"{__name__}.cache"] = cache
 
 
 def _fsspec_knows(scheme: str) -> bool:
@@ -31,7 +37,7 @@ def _fsspec_knows(scheme: str) -> bool:
 
 def __getattr__(name: str) -> Any:
     if name in __all__:
-        from . import log  # noqa: PLC0415 - loaded on first use
+        from . import log  # noqa: PLC0415 - keeps fsspec out of `import disklesslog`
 
         return getattr(log, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

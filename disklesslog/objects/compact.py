@@ -41,7 +41,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from ..api import validate_stream_name
 from ..config import StreamConfig
 from ..errors import DataLossError, StreamNotFound
 from ..format import EncodedBatch
@@ -58,6 +57,7 @@ from ..maintenance.compaction import (
     target_batch_bytes,
 )
 from ..maintenance.report import MaintenanceReport, Progress
+from ..names import validate_stream_name
 from ..records import RecordBatch
 from ..sequencers.base import BatchLocation
 from .rewrite import SourceReader, live_snapshot, replaced_meanwhile, swap, upload
@@ -92,14 +92,14 @@ def compact(
     report = MaintenanceReport("compaction", dry_run=dry_run)
     now = int(time.time() * 1000) if now_ms is None else now_ms
     if stream is not None:
-        require_compacted(stream, object_log._current_config(validate_stream_name(stream)))
+        require_compacted(stream, object_log.current_config(validate_stream_name(stream)))
         names = [stream]
     else:
         names = object_log.streams()
     meter = _Meter(progress)
     for name in names:
         try:
-            config = object_log._current_config(name)
+            config = object_log.current_config(name)
         except StreamNotFound:
             continue  # deleted since it was listed
         if not config.compacted:

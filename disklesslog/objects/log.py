@@ -21,8 +21,6 @@ from ..api import (
     check_offset,
     check_read_arguments,
     check_timestamp,
-    validate_group_name,
-    validate_stream_name,
 )
 from ..config import StreamConfig
 from ..errors import (
@@ -36,20 +34,28 @@ from ..maintenance.report import MaintenanceReport, Progress
 from ..maintenance.retention import Unit
 from ..markers import MARKER, check_marker, marker_bytes
 from ..metrics import Metrics
+from ..names import validate_group_name, validate_stream_name
 from ..projection import OFFSETS
 from ..records import RecordBatch
+from ..retries import DEADLINE, deadline_seconds
 from ..sequencers import Sequencer, open_sequencer
 from ..sequencers.base import BatchLocation
 from ..sequencers.common import out_of_range
+from ..sequencers.objectstore import ObjectStoreSequencer
+from ..storage.atomic import TEMPORARY_INFIX
+from ..storage.cache import BlockCache, default_cache
+from ..storage.filesystems import open_filesystem
 from . import reader
-from .cache import BlockCache, default_cache
-from .storage import OBJECTS, SEQUENCER_DIR, ObjectStorage, open_filesystem
+from .compact import compact
+from .gc import collect_garbage
+from .merge import merge
+from .storage import OBJECTS, SEQUENCER_DIR, ObjectStorage
+from .transactions import ObjectStager, abort_transaction, commit_transaction
 from .writer import DEFAULT_INFLIGHT, ObjectWriter
 
 if TYPE_CHECKING:
     from ..sequencers.base import TransactionResult
     from ..transactions import StagedPart
-    from .stage import ObjectStager
 
 __all__ = ["ObjectLog", "ObjectStream"]
 
@@ -57,6 +63,8 @@ KIND = "disklesslog-objects"
 VERSION = 1
 DEFAULT_LINGER_MS = 100
 DEFAULT_MAX_OBJECT_BYTES = 8 << 20
+DEADLINE_MS = round(DEADLINE * 1000)
+"""The default of the ``retry_deadline_ms`` option."""
 APPEND_LINGER_MS = 0  # Stream.append: flush as soon as the previous flush is done
 SQLITE_NAME = "disklesslog-meta.db"
 """The SQLite sequencer's database in the directory of a ``file://`` log (the default)."""
@@ -79,6 +87,8 @@ class ObjectLog(AbstractLog):
         and a sequencer it opened; use :func:`disklesslog.open`."""
         super().__init__(url)
         self._defaults = stream_defaults
+        # What metrics() reports: the storage's counters, where the package's readers,
+        # writers, stagers and maintenance count too (as ``log.storage.metrics``).
         self._metrics = storage.metrics
         self.storage = storage
         self.sequencer = sequencer
@@ -98,11 +108,11 @@ class ObjectLog(AbstractLog):
     # ----------------------------------------------------------------- streams
 
     def stream(self, name: str) -> ObjectStream:
-        self._check_open()
+        self.check_open()
         return ObjectStream(self, validate_stream_name(name))
 
     def create_stream(self, name: str, **config: Any) -> ObjectStream:
-        self._check_open()
+        self.check_open()
         validate_stream_name(name)
         wanted = self._defaults.replace(**config)
         try:  # an existing stream is a read (creating is an entry on the object store)
@@ -119,14 +129,14 @@ class ObjectLog(AbstractLog):
         return ObjectStream(self, name)
 
     def streams(self) -> list[str]:
-        self._check_open()
+        self.check_open()
         return self.sequencer.list_streams()
 
     def alter_stream(self, name: str, **changes: Any) -> StreamConfig:
         """Change maintenance settings of ``name`` in the sequencer (see
         :data:`~disklesslog.config.ALTERABLE`); every process's maintenance reads them
         from there."""
-        self._check_open()
+        self.check_open()
         validate_stream_name(name)
         current = StreamConfig.from_dict(self.sequencer.stream_info(name).config)
         new = current.altered(**changes).to_dict()
@@ -137,7 +147,7 @@ class ObjectLog(AbstractLog):
         return config
 
     def delete_stream(self, name: str) -> None:
-        self._check_open()
+        self.check_open()
         validate_stream_name(name)
         # A refusal the sequencer would judge costs the object-store sequencer an entry
         # (operations are judged on replay): a missing stream is found by a read first.
@@ -146,9 +156,13 @@ class ObjectLog(AbstractLog):
         with self._lock:
             self._configs.pop(name, None)
 
-    def _stream_config(self, name: str, *, create: bool) -> StreamConfig | None:
+    def stream_config(self, name: str, *, create: bool) -> StreamConfig | None:
         """A stream's config (cached: it is fixed for the stream's life), creating the
-        stream with the defaults if asked; ``None`` if it does not exist."""
+        stream with the defaults if asked; ``None`` if it does not exist.
+
+        For the package's own modules: writers and stagers encode a stream's batches
+        with its settings, and reads bound a batch's size by them, without a sequencer
+        read per call."""
         config = self._configs.get(name)
         if config is not None:
             return config
@@ -163,17 +177,23 @@ class ObjectLog(AbstractLog):
             self._configs[name] = config
         return config
 
-    def _current_config(self, name: str) -> StreamConfig:
+    def current_config(self, name: str) -> StreamConfig:
         """A stream's config as the sequencer has it now (StreamNotFound if it does not
         exist): for decisions that must not act on a stream deleted and created again
-        with other settings by another process since this one cached its config."""
+        with other settings by another process since this one cached its config.
+
+        For the package's own modules: compaction and merges judge a stream by its
+        settings of now, and a writer refreshes them when its stream was recreated."""
         config = StreamConfig.from_dict(self.sequencer.stream_info(name).config)
         with self._lock:
             self._configs[name] = config
         return config
 
-    def _ensure_stream(self, name: str, config: StreamConfig | None) -> None:
-        """Create ``name`` (with ``config`` or the defaults) unless it exists."""
+    def ensure_stream(self, name: str, config: StreamConfig | None) -> None:
+        """Create ``name`` (with ``config`` or the defaults) unless it exists.
+
+        For the package's own modules: a writer's first flush to a stream, and a
+        transaction's commit, create the streams they write to that do not exist yet."""
         meta = self.sequencer.create_stream(name, (config or self._defaults).to_dict())
         with self._lock:
             self._configs[name] = StreamConfig.from_dict(meta.config)
@@ -198,7 +218,7 @@ class ObjectLog(AbstractLog):
         producer: opening a writer with the same name elsewhere fences this one (its
         next flush raises ProducerFenced).
         """
-        self._check_open()
+        self.check_open()
         if max_buffer_bytes is not None and max_object_bytes is not None:
             raise ConfigError("give max_object_bytes or max_buffer_bytes, not both")
         size = max_object_bytes if max_object_bytes is not None else max_buffer_bytes
@@ -212,11 +232,14 @@ class ObjectLog(AbstractLog):
         self._writers.add(w)
         return w
 
-    def _writer_for_appends(self) -> ObjectWriter:
+    def writer_for_appends(self) -> ObjectWriter:
         """The writer behind ``Stream.append``: it flushes as soon as it can, so appends
-        from many threads share objects and commits."""
+        from many threads share objects and commits.
+
+        For the package's own modules: :class:`ObjectStream` appends through it, and
+        the log owns it (one per log, closed with the log)."""
         with self._lock:
-            self._check_open()
+            self.check_open()
             if self._append_writer is None or self._append_writer.closed:
                 self._append_writer = ObjectWriter(
                     self,
@@ -229,10 +252,8 @@ class ObjectLog(AbstractLog):
     # ------------------------------------------------------ two-phase commits
 
     def stager(self, *, max_object_bytes: int | None = None) -> ObjectStager:
-        """A stager uploading ``….staged`` objects (see :mod:`disklesslog.objects.stage`)."""
-        from .stage import ObjectStager  # noqa: PLC0415 - loaded on use
-
-        self._check_open()
+        """A stager uploading ``….staged`` objects (see :mod:`disklesslog.objects.transactions`)."""
+        self.check_open()
         return ObjectStager(self, max_object_bytes=max_object_bytes)
 
     def commit_transaction(
@@ -240,15 +261,11 @@ class ObjectLog(AbstractLog):
     ) -> TransactionResult:
         """All parts' objects in one :meth:`Sequencer.commit_transaction`: atomic across
         every object and stream, whatever the sequencer."""
-        from .stage import commit_transaction  # noqa: PLC0415 - loaded on use
-
-        self._check_open()
+        self.check_open()
         return commit_transaction(self, transaction_id, parts)
 
     def abort_transaction(self, parts: Iterable[StagedPart]) -> None:
-        from .stage import abort_transaction  # noqa: PLC0415 - loaded on use
-
-        self._check_open()
+        self.check_open()
         abort_transaction(self, parts)
 
     # ------------------------------------------------------------------ reads
@@ -335,9 +352,7 @@ class ObjectLog(AbstractLog):
         batches below the active tail (the last ``segment_bytes``, or younger than
         ``segment_ms``) are rewritten into ``….compacted`` objects holding the latest
         record per key, swapped in atomically; offsets never change."""
-        from .compact import compact  # noqa: PLC0415 - maintenance is loaded on use
-
-        self._check_open()
+        self.check_open()
         if now_ms is not None:
             check_timestamp(now_ms, "now_ms")
         return compact(self, stream, dry_run=dry_run, progress=progress, now_ms=now_ms, force=force)
@@ -356,9 +371,7 @@ class ObjectLog(AbstractLog):
         (64 MiB), swapped in atomically, so its reads touch few large objects. A run
         smaller than a quarter of that waits until its oldest object is 10 minutes old
         (by ``now_ms``, default the clock)."""
-        from .merge import merge  # noqa: PLC0415 - maintenance is loaded on use
-
-        self._check_open()
+        self.check_open()
         if now_ms is not None:
             check_timestamp(now_ms, "now_ms")
         return merge(
@@ -381,9 +394,7 @@ class ObjectLog(AbstractLog):
         held no live batch for ``grace_seconds`` (default 300), then objects in storage
         the sequencer never knew (uploads whose commit never came) once they are older
         than that and at least 5 minutes old."""
-        from .gc import collect_garbage  # noqa: PLC0415 - maintenance is loaded on use
-
-        self._check_open()
+        self.check_open()
         return collect_garbage(
             self, dry_run=dry_run, progress=progress, grace_seconds=grace_seconds
         )
@@ -391,7 +402,7 @@ class ObjectLog(AbstractLog):
     # -------------------------------------------------------- consumer groups
 
     def commit_offsets(self, group: str, offsets: Mapping[str, int]) -> None:
-        self._check_open()
+        self.check_open()
         validate_group_name(group)
         if not isinstance(offsets, Mapping):
             raise ConfigError("offsets must be a mapping of stream name to next offset")
@@ -404,7 +415,7 @@ class ObjectLog(AbstractLog):
         self.sequencer.commit_offsets(group, checked)
 
     def committed_offsets(self, group: str) -> dict[str, int]:
-        self._check_open()
+        self.check_open()
         return self.sequencer.committed_offsets(validate_group_name(group))
 
     # -------------------------------------------------------------- lifecycle
@@ -446,7 +457,7 @@ class ObjectStream(Stream):
         timestamp: int | None = None,
     ) -> int:
         """Append one record; returns once its object is stored and committed."""
-        writer = self._log._writer_for_appends()
+        writer = self._log.writer_for_appends()
         return writer.append(self._name, value, key, headers, timestamp).result()
 
     def append_batch(
@@ -457,7 +468,7 @@ class ObjectStream(Stream):
         headers: Iterable[Any] | None = None,
         timestamps: int | Sequence[int] | None = None,
     ) -> list[int]:
-        writer = self._log._writer_for_appends()
+        writer = self._log.writer_for_appends()
         future = writer.append_batch(
             self._name, values, keys=keys, headers=headers, timestamps=timestamps
         )
@@ -466,34 +477,34 @@ class ObjectStream(Stream):
     def read_batches(
         self, start: int | None = None, end: int | None = None, *, max_records: int | None = None
     ) -> Iterator[RecordBatch]:
-        self._log._check_open()
+        self._log.check_open()
         check_read_arguments(start, end, max_records)
         return reader.read_batches(self._log, self._name, start, end, max_records)
 
     def read_offsets(
         self, start: int | None = None, end: int | None = None
     ) -> Iterator[Sequence[int]]:
-        self._log._check_open()
+        self._log.check_open()
         check_read_arguments(start, end, None)
         return reader.read(self._log, self._name, start, end, OFFSETS)
 
     def offset_for_time(self, timestamp_ms: int) -> int | None:
-        self._log._check_open()
+        self._log.check_open()
         check_timestamp(timestamp_ms, "timestamp_ms")
         return reader.offset_for_time(self._log, self._name, timestamp_ms)
 
     @property
     def start_offset(self) -> int:
-        self._log._check_open()
+        self._log.check_open()
         return self._log.sequencer.stream_info(self._name).start_offset
 
     @property
     def end_offset(self) -> int:
-        self._log._check_open()
+        self._log.check_open()
         return self._log.sequencer.stream_info(self._name).end_offset
 
     def trim(self, before_offset: int) -> None:
-        self._log._check_open()
+        self._log.check_open()
         check_offset(before_offset, "before_offset")
         # Judged by a read first: a trim of a missing stream, past the end or backwards
         # (a no-op) writes nothing, not even an entry of the object-store sequencer.
@@ -507,11 +518,11 @@ class ObjectStream(Stream):
     def config(self) -> StreamConfig:
         """The stream's settings, from the sequencer, without listing its batches as
         :meth:`info` does."""
-        self._log._check_open()
-        return self._log._current_config(self._name)
+        self._log.check_open()
+        return self._log.current_config(self._name)
 
     def info(self) -> StreamInfo:
-        self._log._check_open()
+        self._log.check_open()
         meta = self._log.sequencer.stream_info(self._name)
         size = 0
         seen: set[str] = set()
@@ -532,15 +543,15 @@ class ObjectStream(Stream):
             },
         )
 
-    def _retention_units(self) -> tuple[list[Unit], int]:
-        self._log._check_open()
+    def retention_units(self) -> tuple[list[Unit], int]:
+        self._log.check_open()
         units = [
             Unit(b.base_offset, b.last_offset + 1, b.size, b.max_timestamp)
             for b in self._log.live_batches(self._name)
         ]
         return units, 0
 
-    def _unit_name(self, count: int) -> str:
+    def retention_unit_name(self, count: int) -> str:
         return "batch" if count == 1 else "batches"
 
 
@@ -570,6 +581,7 @@ def open_object_log(url: str, location: str, options: dict[str, Any]) -> ObjectL
     storage_options = options.pop("storage_options", None)
     cache = _cache_for(options.pop("cache", "default"))
     create = options.pop("create", True)
+    retry_deadline = deadline_seconds(options.pop("retry_deadline_ms", DEADLINE_MS))
     if type(create) is not bool:
         raise ConfigError(f"create must be True or False, not {create!r}")
     if storage_options is not None and not isinstance(storage_options, Mapping):
@@ -584,7 +596,7 @@ def open_object_log(url: str, location: str, options: dict[str, Any]) -> ObjectL
     # ``location`` is the path of a file URL (``file:///abs``, ``file:/abs``: parsed and
     # unquoted as the segments backend does), and any other URL as given.
     fs, root = open_filesystem(location, storage_options)
-    storage = ObjectStorage(fs, root, Metrics())
+    storage = ObjectStorage(fs, root, Metrics(), retry_deadline=retry_deadline)
     marked = _check_root(storage, url, create=create)
     sequencer, owned = _sequencer_for(storage, sequencer_option, storage_options, marked)
     try:
@@ -629,7 +641,7 @@ files) is ours too: see :func:`_is_own`."""
 
 def _is_own(name: str) -> bool:
     """Whether ``name`` is one of :data:`OWN_ENTRIES` or a temporary file of one."""
-    base, sep, tail = name.partition(".tmp-")
+    base, sep, tail = name.partition(TEMPORARY_INFIX)
     if sep and tail:
         return base in OWN_ENTRIES
     return name in OWN_ENTRIES
@@ -675,20 +687,22 @@ def _sequencer_for(
         return option, False
     protocol = storage.url.split("://", 1)[0]
     if option in ("objectstore", "objectstore://"):
-        return _objectstore(storage.fs, f"{storage.root}/{SEQUENCER_DIR}"), True
+        return _objectstore(
+            storage.fs, f"{storage.root}/{SEQUENCER_DIR}", storage.retry_deadline
+        ), True
     if isinstance(option, str):
         family, plus, rest = option.partition("+")
         if family.lower() == "objectstore" and plus:
             same = rest.split("://", 1)[0].lower() == protocol
             fs, root = open_filesystem(rest, storage_options if same else None)
-            return _objectstore(fs, root, url=option), True
+            return _objectstore(fs, root, storage.retry_deadline, url=option), True
         return open_sequencer(option), True
     if protocol == "memory":
         return open_sequencer(f"memory://{storage.root}"), True
     local = storage.local_root()
     if local is not None:
         return _local_sqlite(local, existing=marked), True
-    return _objectstore(storage.fs, f"{storage.root}/{SEQUENCER_DIR}"), True
+    return _objectstore(storage.fs, f"{storage.root}/{SEQUENCER_DIR}", storage.retry_deadline), True
 
 
 def _local_sqlite(local: str, *, existing: bool) -> Sequencer:
@@ -696,12 +710,14 @@ def _local_sqlite(local: str, *, existing: bool) -> Sequencer:
     creates its tables before :class:`ObjectLog` writes the marker, so once the marker
     exists (``existing``) the database must hold them: missing or empty, it was lost
     (DataLossError), and a new one would hand out the log's offsets from 0 again."""
-    from ..sequencers.sqlite import SqliteSequencer  # noqa: PLC0415 - lazy, as the registry
+    # Imported here, as the sequencer registry does: logs elsewhere never need sqlite3,
+    # which some Python builds lack.
+    from ..sequencers.sqlite import SqliteSequencer  # noqa: PLC0415
 
     return SqliteSequencer(f"{local}/{SQLITE_NAME}", existing=existing)
 
 
-def _objectstore(fs: Any, root: str, url: str | None = None) -> Sequencer:
-    from ..sequencers.objectstore import ObjectStoreSequencer  # noqa: PLC0415 - lazy
-
-    return ObjectStoreSequencer(fs, root, url=url)
+def _objectstore(fs: Any, root: str, retry_deadline: float, url: str | None = None) -> Sequencer:
+    """The object-store sequencer at ``root`` of ``fs``, retrying its requests within
+    the log's retry deadline (the ``retry_deadline_ms`` option, in seconds)."""
+    return ObjectStoreSequencer(fs, root, url=url, retry_deadline=retry_deadline)

@@ -33,10 +33,10 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from ..api import validate_stream_name
 from ..errors import ConfigError, DataLossError, StreamNotFound
 from ..format import MAX_BATCH_BYTES_LIMIT
 from ..maintenance.report import MaintenanceReport, Progress
+from ..names import validate_stream_name
 from ..sequencers.base import BatchLocation
 from .rewrite import SourceReader, live_snapshot, replaced_meanwhile, swap, upload
 from .storage import MERGED, STAGED, WAL, key_kind, key_time_ns
@@ -87,7 +87,7 @@ def merge(
     planned: list[_Piece] = []
     for name in names:
         try:
-            config = object_log._current_config(name)
+            config = object_log.current_config(name)
             batches = live_snapshot(object_log, name)
         except StreamNotFound:
             continue  # deleted since it was listed

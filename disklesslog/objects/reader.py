@@ -23,7 +23,7 @@ cache), not in storage: its range is fetched again straight from storage, bypass
 replacing the cached blocks, a bounded number of times (:mod:`disklesslog.retries`)
 before it is reported as :class:`~disklesslog.CorruptDataError`. Reads use the cache as
 a checked reader: each run's bytes that passed are confirmed to it, so only they reach
-its disk tier (:mod:`disklesslog.objects.cache`).
+its disk tier (:mod:`disklesslog.storage.cache`).
 """
 
 from __future__ import annotations
@@ -91,7 +91,7 @@ def read(
 def _read(
     log: ObjectLog, stream: str, page: BatchPage, lo: int, hi: int, projection: Projection[Part]
 ) -> Iterator[Part]:
-    config = log._stream_config(stream, create=False)
+    config = log.stream_config(stream, create=False)
     max_batch_bytes = config.max_batch_bytes if config else 1 << 31
     missing: tuple[str, int] | None = None  # the object found missing, at offset lo
     while lo < hi:
@@ -124,7 +124,7 @@ def _read(
                 if missing == (run.object_key, lo):
                     raise
                 missing = (run.object_key, lo)
-                log._metrics.add("stale_locations")
+                log.storage.metrics.add("stale_locations")
                 break
             finally:
                 log.confirm(run.object_key, run.start, checked)
@@ -150,7 +150,7 @@ def _refetched(
             lambda: log.fetch(key, start, end, refresh=True),
             lambda data: _decode(data, start, location, max_batch_bytes, projection),
             failure,
-            metrics=log._metrics,
+            metrics=log.storage.metrics,
             counter="refetches",
         )
     except DataLossError:

@@ -238,4 +238,4 @@ def _orphan(object_log: ObjectLog, key: str) -> None:
         object_log.sequencer.record_orphan(key)
     except Exception:
         log.warning("could not record orphan object %s", key, exc_info=True)
-    object_log._metrics.add("orphaned_objects")
+    object_log.storage.metrics.add("orphaned_objects")

@@ -1,13 +1,11 @@
-"""Object storage through fsspec: write-once puts, ranged gets, listing, deletes, all
-retried.
+"""The object backend's objects: how they are named, on top of the storage layer's
+:class:`~disklesslog.storage.store.ObjectStore` (which retries every request, translates
+every client error into a typed one and counts requests).
 
-Everything the object backend stores, reads, lists and deletes goes through
-:class:`ObjectStorage`, so retries (of every request alike, :mod:`disklesslog.retries`),
-error translation (whatever a client raises becomes a typed error) and the request
-counters live in one place. Objects are immutable and written once under unique,
-time-sortable names (:meth:`ObjectStorage.new_key`): nothing is ever overwritten, so a
-reader holding an old batch location can always finish, and an upload retried after a
-lost response writes the same bytes again.
+Objects are immutable and written once under unique, time-sortable names
+(:meth:`ObjectStorage.new_key`): nothing is ever overwritten, so a reader holding an old
+batch location can always finish, and an upload retried after a lost response writes
+the same bytes again.
 
 A key also says what its object is, so maintenance needs no state of its own to tell
 (``docs/format.md`` section 3): ``objects/<ns>-<hex>`` is a WAL object written by a
@@ -21,26 +19,15 @@ the sequencer never knew by it.
 
 from __future__ import annotations
 
-import contextlib
-import functools
-import os
 import re
 import secrets
 import time
-from collections.abc import Callable, Mapping
-from typing import Any, TypeVar
+from typing import Any
 
-import fsspec
-
-from ..errors import (
-    ConfigError,
-    CorruptDataError,
-    DataLossError,
-    InvalidURL,
-    MissingDependencyError,
-)
+from ..errors import ConfigError, CorruptDataError, DataLossError
 from ..metrics import Metrics
-from ..retries import ATTEMPTS, DELAY, retrying
+from ..retries import ATTEMPTS, DEADLINE, DELAY
+from ..storage.store import ObjectStore
 
 __all__ = [
     "COMPACTED",
@@ -53,7 +40,6 @@ __all__ = [
     "ObjectStorage",
     "key_kind",
     "key_time_ns",
-    "open_filesystem",
 ]
 
 OBJECTS = "objects"
@@ -71,54 +57,21 @@ garbage collection gives them longer before it takes them for failed uploads."""
 KINDS = (WAL, MERGED, COMPACTED, STAGED)
 _KEY = re.compile(r"objects/(\d{20})-[0-9a-f]{16}(?:\.(merged|compacted|staged))?")
 _DATED = re.compile(r"objects/(\d{20})-")
-T = TypeVar("T")
 SEQUENCER_DIR = "_sequencer"
 """Folder of the object-store sequencer's entries and checkpoints under the log's root."""
 
-_EXTRAS = {
-    "s3": ("s3", "s3fs"),
-    "s3a": ("s3", "s3fs"),
-    "gs": ("gcs", "gcsfs"),
-    "gcs": ("gcs", "gcsfs"),
-    "az": ("azure", "adlfs"),
-    "abfs": ("azure", "adlfs"),
-    "abfss": ("azure", "adlfs"),
-}
 
+class ObjectStorage(ObjectStore):
+    """The objects of one log: ``<root>/objects/<key>`` in an fsspec filesystem, and the
+    small files at its root.
 
-def open_filesystem(url: str, storage_options: Mapping[str, Any] | None) -> tuple[Any, str]:
-    """``(fsspec filesystem, root path)`` for a URL; ``storage_options`` go to fsspec
-    untouched. A missing client library raises an error naming the extra to install."""
-    options = dict(storage_options or {})
-    protocol = url.split("://", 1)[0].lower() if "://" in url else "file"
-    if protocol == "file":
-        options.setdefault("auto_mkdir", True)
-    try:
-        fs, root = fsspec.core.url_to_fs(url, **options)
-    except ImportError as exc:
-        extra, package = _EXTRAS.get(protocol, (None, None))
-        if extra is None:
-            raise MissingDependencyError(
-                f"{protocol}:// needs a library that is not installed: {exc}"
-            ) from None
-        raise MissingDependencyError(
-            f"{protocol}:// logs need {package}: pip install 'disklesslog[{extra}]'"
-        ) from None
-    except ValueError as exc:
-        raise InvalidURL(f"cannot open {url!r}: {exc}") from None
-    except TypeError as exc:  # an option the filesystem does not take
-        raise ConfigError(f"storage_options rejected by {protocol}:// : {exc}") from None
-    return fs, str(root).rstrip("/")
-
-
-class ObjectStorage:
-    """The objects of one log: ``<root>/objects/<key>`` in an fsspec filesystem.
-
-    Every request is retried on failure (:mod:`disklesslog.retries`: ``put_attempts``
-    attempts with exponential backoff and jitter from ``retry_delay``), PUTs, GETs,
-    LISTs and DELETEs alike; failures count in ``put_errors``, ``get_errors`` (GETs and
-    LISTs) and ``delete_errors``, and the last one is raised as
-    :class:`~disklesslog.StorageError`, whatever the client raised.
+    Every request is retried (:class:`~disklesslog.storage.store.ObjectStore`:
+    ``put_attempts`` attempts with exponential backoff and jitter from
+    ``retry_delay``, none starting later than ``retry_deadline`` seconds after the
+    first), PUTs, GETs, LISTs and DELETEs alike; failures count in ``put_errors``,
+    ``get_errors`` (GETs and LISTs) and ``delete_errors``, and the last one is raised as
+    a :class:`~disklesslog.StorageError` saying what kind it is, whatever the client
+    raised (one that cannot succeed, such as a missing bucket, at once).
     """
 
     def __init__(
@@ -129,17 +82,18 @@ class ObjectStorage:
         *,
         put_attempts: int = ATTEMPTS,
         retry_delay: float = DELAY,
+        retry_deadline: float = DEADLINE,
     ) -> None:
         if type(put_attempts) is not int or put_attempts < 1:
             raise ConfigError("put_attempts must be an int >= 1")
-        self.fs = fs
-        self.root = root
-        self.metrics = metrics
-        self.put_attempts = put_attempts
-        self.retry_delay = retry_delay
-        protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
-        self.url = f"{protocol}://{root}"
-        self._local = os.path.abspath(root) if protocol in ("file", "local") else None
+        super().__init__(
+            fs,
+            root,
+            metrics,
+            attempts=put_attempts,
+            retry_delay=retry_delay,
+            retry_deadline=retry_deadline,
+        )
 
     def path(self, key: str) -> str:
         """Where object ``key`` lives. Keys come from the sequencer, whose metadata may
@@ -153,7 +107,12 @@ class ObjectStorage:
                 "the metadata naming it is damaged",
                 source=self.url,
             )
-        return f"{self.root}/{key}"
+        return super().path(key)
+
+    def name(self, key: str) -> str:
+        """How messages name object ``key``: by its key, which is what the sequencer
+        and the log's metrics show."""
+        return f"object {key} in {self.url}"
 
     @staticmethod
     def new_key(kind: str = WAL, *, time_ns: int | None = None) -> str:
@@ -165,158 +124,38 @@ class ObjectStorage:
         suffix = f".{kind}" if kind else ""
         return f"{OBJECTS}/{stamp:020d}-{secrets.token_hex(8)}{suffix}"
 
-    def put(self, key: str, data: bytes) -> None:
-        """Store ``data`` under ``key``, retrying failures with exponential backoff and
-        jitter. Safe to retry: the key is unique and the bytes are the same. After the
-        last attempt the failure is raised as :class:`~disklesslog.StorageError` (an
-        ``OSError``, chained to the client's)."""
-        path = self.path(key)
-
-        def attempt() -> None:
-            started = time.monotonic()
-            self._write(path, data)
-            self.metrics.observe("put", time.monotonic() - started)
-
-        retrying(
-            attempt,
-            f"could not store object {key} in {self.url}",
-            metrics=self.metrics,
-            counter="put_errors",
-            attempts=self.put_attempts,
-            delay=self.retry_delay,
-        )
-        self.metrics.add("put_bytes", len(data))
-
-    def _request(self, call: Callable[[], T], what: str, counter: str) -> T:
-        """A request that reads (GET, LIST) or deletes, retried like a PUT (failures count
-        in ``counter``); ``FileNotFoundError`` propagates at once, for the caller to say
-        what a missing object means (also when a component of its path is a file, as
-        in a log opened at the path of a file: nothing is there either)."""
-
-        def attempt() -> T:
-            try:
-                return call()
-            except NotADirectoryError as exc:
-                raise FileNotFoundError(exc.errno, exc.strerror, exc.filename) from exc
-
-        return retrying(
-            attempt,
-            what,
-            metrics=self.metrics,
-            counter=counter,
-            attempts=self.put_attempts,
-            delay=self.retry_delay,
-            final=(FileNotFoundError,),
-        )
-
-    def _write(self, path: str, data: bytes) -> None:
-        """One PUT. Object stores make a PUT atomic; on a local (or network) disk the
-        bytes go to a temporary file renamed into place, so nobody reads half an object."""
-        if self._local is None:
-            self.fs.pipe_file(path, data)
-            return
-        temporary = f"{path}.tmp-{secrets.token_hex(8)}"
-        try:
-            self.fs.pipe_file(temporary, data)
-            os.replace(temporary, path)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(temporary)
-            raise
-
     def get_range(self, key: str, start: int, end: int) -> bytes:
         """Bytes ``[start, end)`` of an object (fewer at its end), retrying failed GETs.
         A missing object is :class:`DataLossError` at once (the sequencer still points
         at it: no retry brings it back)."""
-        path = self.path(key)
-
-        def attempt() -> bytes:
-            started = time.monotonic()
-            data = self.fs.cat_file(path, start=start, end=end)
-            self.metrics.observe("get", time.monotonic() - started)
-            return bytes(data)
-
-        try:
-            data = self._request(
-                attempt, f"could not read object {key} from {self.url}", "get_errors"
-            )
-        except FileNotFoundError:
+        data = super().get_range(key, start, end)
+        if data is None:
             raise DataLossError(
                 f"object {key} is missing from {self.url} although the sequencer still "
                 "references it (deleted by hand, or garbage collection ran with too "
                 "short a grace period)",
-                source=path,
-            ) from None
-        self.metrics.add("get_bytes", len(data))
+                source=self.path(key),
+            )
         return data
-
-    def delete(self, keys: list[str]) -> None:
-        """Delete objects, retrying failures like any request (counted in
-        ``delete_errors``; the last one raised as :class:`~disklesslog.StorageError`).
-        Deleting is idempotent: an object already missing (deleted by another collector,
-        or by an earlier attempt whose response was lost) counts as deleted."""
-        for key in keys:
-            path = self.path(key)
-            try:
-                self._request(
-                    functools.partial(self.fs.rm_file, path),
-                    f"could not delete object {key} from {self.url}",
-                    "delete_errors",
-                )
-            except FileNotFoundError:
-                continue
-            self.metrics.add("deletes")
 
     def list_objects(self) -> dict[str, int]:
         """Every file under the data folder, ``{key: size in bytes}``: objects, and on a
         local disk the temporary files of uploads in progress (or of a crash). One
         LIST (paged by the client); garbage collection's reconcile pass uses it."""
-        folder = self.path(OBJECTS)
-        try:
-            found = self._request(
-                lambda: self.fs.find(folder, detail=True), f"could not list {folder}", "get_errors"
-            )
-        except FileNotFoundError:
-            return {}
-        prefix = folder.lstrip("/") + "/"
-        listed: dict[str, int] = {}
-        for path, info in found.items():
-            name = str(path).lstrip("/")
-            if name.startswith(prefix) and info.get("type", "file") != "directory":
-                listed[f"{OBJECTS}/{name[len(prefix) :]}"] = int(info.get("size") or 0)
-        return listed
+        return {key: int(info.get("size") or 0) for key, info in self.listing(OBJECTS).items()}
 
     def list_root(self) -> list[str]:
         """Names directly under the root (one LIST, retried; none if the root does not
         exist): what :func:`disklesslog.open` checks before it adopts a location."""
-        try:
-            listed = self._request(
-                lambda: self.fs.ls(self.root, detail=False),
-                f"could not list {self.url}",
-                "get_errors",
-            )
-        except FileNotFoundError:
-            return []
-        return [str(path).rstrip("/").rsplit("/", 1)[-1] for path in listed]
+        return self.names()
 
     def read_small(self, name: str) -> bytes | None:
         """A small metadata file at the root (e.g. the log marker), or None if there is
-        none. (Not ``fs.exists``: fsspec's answers False when the request fails.)"""
-        path = self.path(name)
-        try:
-            data = self._request(
-                lambda: self.fs.cat_file(path), f"could not read {path}", "get_errors"
-            )
-        except FileNotFoundError:
-            return None
-        return bytes(data)
+        none."""
+        return self.get(name)
 
     def write_small(self, name: str, data: bytes) -> None:
         self.put(name, data)
-
-    def local_root(self) -> str | None:
-        """The root as a local directory path, if this is the local filesystem."""
-        return self._local
 
 
 _PART = r"(?!\.\.?(?:/|\Z))[^\x00-\x1f\x7f/\ud800-\udfff]+"

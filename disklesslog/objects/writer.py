@@ -43,7 +43,7 @@ from ..errors import (
 )
 from ..format import EncodedBatch, restamp
 from ..sequencers.base import BatchToCommit, CommitResult
-from ..writer import Writer, _Flush, _StreamBuffer
+from ..writer import Flush, StreamBuffer, Writer
 
 if TYPE_CHECKING:
     from .log import ObjectLog
@@ -82,7 +82,7 @@ _RETRY_DELAY = 0.05
 class _Pending:
     """A flush between encoding and commit: its object and how its batches are numbered."""
 
-    flush: _Flush
+    flush: Flush
     producer: tuple[int, int]
     firsts: dict[str, int]
     """Per stream, the sequence number of its first batch in this flush."""
@@ -171,9 +171,9 @@ class ObjectWriter(Writer):
     # ------------------------------------------------------------ Writer hooks
 
     def _config_for(self, stream: str) -> StreamConfig:
-        return self._log._stream_config(stream, create=False) or self._log.stream_defaults
+        return self._log.stream_config(stream, create=False) or self._log.stream_defaults
 
-    def _prepare(self, taken: dict[str, _StreamBuffer], target: int) -> _Flush:
+    def _prepare(self, taken: dict[str, StreamBuffer], target: int) -> Flush:
         self._stamps = {}
         with self._stamp_lock:
             self._stamped_by = (self._producer_id, self._epoch)
@@ -194,7 +194,7 @@ class ObjectWriter(Writer):
     def _room(self) -> bool:
         return self._pending < self._max_inflight
 
-    def _dispatch(self, flush: _Flush) -> None:
+    def _dispatch(self, flush: Flush) -> None:
         """Lay the flush out as one object and start its upload (from the flusher; the
         flusher took it only when the pipeline had room, see :meth:`_room`)."""
         if not flush.work:
@@ -213,8 +213,8 @@ class ObjectWriter(Writer):
                 if stream not in self._known_streams:
                     # Reading costs nothing on the object-store sequencer; creating is an
                     # entry. A stream deleted since is caught at commit (StreamNotFound).
-                    if self._log._stream_config(stream, create=False) is None:
-                        self._log._ensure_stream(stream, self._configs.get(stream))
+                    if self._log.stream_config(stream, create=False) is None:
+                        self._log.ensure_stream(stream, self._configs.get(stream))
                     self._known_streams.add(stream)
             self._layout(pending, [self._stamps[stream] for stream, _ in flush.work])
         except Exception as exc:  # delivered through the futures
@@ -363,7 +363,7 @@ class ObjectWriter(Writer):
                 self._stored(pending, outcome)
             elif isinstance(outcome, SequencerConflict) and pending.conflicts < CONFLICT_RETRIES:
                 pending.conflicts += 1  # nothing was applied: commit it again
-                self._log._metrics.add("commit_conflicts")
+                self._log.storage.metrics.add("commit_conflicts")
                 retry.append(pending)
             elif not self._matches(pending, self._expected()):
                 retry.append(pending)  # refused for a gap an earlier refusal left
@@ -386,7 +386,7 @@ class ObjectWriter(Writer):
         """One ``commit_many`` for the group, retried while its outcome is unknown: safe,
         because the sequencer recognises exact repeats of this producer's batches."""
         sequencer = self._log.sequencer
-        metrics = self._log._metrics
+        metrics = self._log.storage.metrics
         objects = [(p.key, p.commits) for p in ready]
         error: BaseException | None = None
         for attempt in range(1, COMMIT_ATTEMPTS + 1):
@@ -464,7 +464,7 @@ class ObjectWriter(Writer):
         pending.flush.work[:] = renumbered
         old_key = pending.key
         self._layout(pending, sequences)
-        self._log._metrics.add("restamped_flushes")
+        self._log.storage.metrics.add("restamped_flushes")
         self._orphan(old_key)
         self._put(pending)
 
@@ -472,7 +472,7 @@ class ObjectWriter(Writer):
         with self._stamp_lock:
             for stream, count in pending.counts.items():
                 self._next[stream] = self._next.get(stream, 0) + count
-        metrics = self._log._metrics
+        metrics = self._log.storage.metrics
         metrics.add("committed_batches", len(results))
         metrics.add("duplicate_batches", sum(r.duplicate for r in results))
         work = pending.flush.work
@@ -495,7 +495,7 @@ class ObjectWriter(Writer):
                 self._log.sequencer.stream_info(stream)
             except StreamNotFound:
                 self._known_streams.discard(stream)
-                self._log._ensure_stream(stream, self._configs.get(stream))
+                self._log.ensure_stream(stream, self._configs.get(stream))
                 self._known_streams.add(stream)
                 self._number_from_zero(stream)
 
@@ -518,7 +518,7 @@ class ObjectWriter(Writer):
         self._number_from_zero(stream)
         self._configs.pop(stream, None)
         try:
-            self._log._current_config(stream)
+            self._log.current_config(stream)
         except StreamNotFound:
             self._known_streams.discard(stream)  # gone again: the next commit says so
 
@@ -574,7 +574,7 @@ class ObjectWriter(Writer):
             self._log.sequencer.record_orphan(key)
         except Exception:  # the object stays, unreferenced, for a bucket-listing GC
             log.warning("could not record orphan object %s", key, exc_info=True)
-        self._log._metrics.add("orphaned_objects")
+        self._log.storage.metrics.add("orphaned_objects")
 
     def _settle(self, pending: _Pending, results: list[list[int] | BaseException]) -> None:
         if pending.queued:  # room in the pipeline before _finish wakes the flusher

@@ -24,7 +24,7 @@ from pathlib import Path
 from ..format import crc32c
 from .layout import close_quietly
 
-__all__ = ["HEADER", "OFFSET_ENTRY", "TIME_ENTRY", "SparseIndex"]
+__all__ = ["HEADER", "OFFSET_ENTRY", "TIME_ENTRY", "Entries", "SparseIndex"]
 
 OFFSET_ENTRY = struct.Struct("<II")
 """relative offset (u32), file position (u32) of the first byte of a segment entry."""
@@ -41,7 +41,31 @@ _MAGICS = {OFFSET_ENTRY.format: b"DLXO", TIME_ENTRY.format: b"DLXT"}
 _TYPECODES = {OFFSET_ENTRY.format: ("I", "I"), TIME_ENTRY.format: ("q", "I")}
 
 
-class SparseIndex:
+class Entries:
+    """Index entries in memory, looked up by key: strictly increasing ``keys`` and their
+    ``values``, in arrays typed for ``entry`` (:data:`OFFSET_ENTRY` or :data:`TIME_ENTRY`).
+    Local segments keep them in step with their files (:class:`SparseIndex`); tiered
+    segments parse them from their index objects."""
+
+    __slots__ = ("keys", "values")
+
+    def __init__(self, entry: struct.Struct) -> None:
+        key_code, value_code = _TYPECODES[entry.format]
+        self.keys = array(key_code)
+        self.values = array(value_code)
+
+    def floor(self, key: int) -> tuple[int, int] | None:
+        """The entry with the largest key <= ``key``."""
+        i = bisect_right(self.keys, key)
+        return (self.keys[i - 1], self.values[i - 1]) if i else None
+
+    def below(self, key: int) -> tuple[int, int] | None:
+        """The entry with the largest key < ``key``."""
+        i = bisect_left(self.keys, key)
+        return (self.keys[i - 1], self.values[i - 1]) if i else None
+
+
+class SparseIndex(Entries):
     """An in-memory copy of one index file, kept in step with the file on disk.
 
     ``_disk`` is how many of the file's entries the memory holds (a prefix: a reader
@@ -49,15 +73,13 @@ class SparseIndex:
     CRC-32C, which the next entries' checksum continues.
     """
 
-    __slots__ = ("_disk", "_disk_crc", "_entry", "_magic", "keys", "path", "tidy", "values")
+    __slots__ = ("_disk", "_disk_crc", "_entry", "_magic", "path", "tidy")
 
     def __init__(self, path: Path, entry: struct.Struct) -> None:
+        super().__init__(entry)
         self.path = path
         self._entry = entry
         self._magic = _MAGICS[entry.format]
-        key_code, value_code = _TYPECODES[entry.format]
-        self.keys = array(key_code)
-        self.values = array(value_code)
         self._disk = 0
         self._disk_crc = 0
         self.tidy = True
@@ -71,18 +93,6 @@ class SparseIndex:
         if not self.keys:
             return None
         return self.keys[-1], self.values[-1]
-
-    # ------------------------------------------------------------------- lookup
-
-    def floor(self, key: int) -> tuple[int, int] | None:
-        """The entry with the largest key <= ``key``."""
-        i = bisect_right(self.keys, key)
-        return (self.keys[i - 1], self.values[i - 1]) if i else None
-
-    def below(self, key: int) -> tuple[int, int] | None:
-        """The entry with the largest key < ``key``."""
-        i = bisect_left(self.keys, key)
-        return (self.keys[i - 1], self.values[i - 1]) if i else None
 
     # -------------------------------------------------------------- file sync
 

@@ -46,6 +46,7 @@ from typing import Any
 from ..errors import CorruptDataError, InvalidURL
 from ..format import crc32c
 from ..markers import MARKER, check_marker
+from ..storage.atomic import replace_file
 
 log = logging.getLogger("disklesslog")
 
@@ -233,8 +234,9 @@ def write_marker(root: Path) -> None:
     marker = root / MARKER
     if not marker.exists():
         tmp = root / TMP / f"{MARKER}.{os.getpid()}.{threading.get_ident()}"
-        tmp.write_bytes(encode_json({"format": KIND, "version": VERSION}))
-        os.replace(tmp, marker)
+        replace_file(
+            marker, encode_json({"format": KIND, "version": VERSION}), sync=False, temporary=tmp
+        )
 
 
 def check_log_directory(root: Path, *, create: bool) -> None:
@@ -314,33 +316,12 @@ def close_quietly(fd: int) -> None:
         os.close(fd)
 
 
-def fsync_directory(path: Path) -> None:
-    """Make a directory's entries (new, renamed, deleted files) durable."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        close_quietly(fd)  # opened to fsync, which succeeded or raised
-
-
 def write_durably(root: Path, path: Path, data: bytes, *, sync: bool) -> None:
     """Replace ``path`` whole with ``data`` through a draft in ``root``'s ``tmp/`` and a
     rename: readers, and a process after a crash, see the old or the new content, never
     a torn one (drafts a crash leaves are cleaned when the log is opened)."""
     draft = root / TMP / f"{path.name}.{uuid.uuid4().hex}.tmp"
-    try:
-        with open(draft, "wb") as f:
-            f.write(data)
-            if sync:
-                f.flush()
-                os.fsync(f.fileno())
-        os.replace(draft, path)
-    except BaseException:
-        with contextlib.suppress(OSError):  # else a leftover the next open cleans
-            os.unlink(draft)
-        raise
-    if sync:
-        fsync_directory(path.parent)
+    replace_file(path, data, sync=sync, temporary=draft)
 
 
 def write_json(

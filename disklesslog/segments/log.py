@@ -40,8 +40,6 @@ from ..api import (
     check_offset,
     check_read_arguments,
     check_timestamp,
-    validate_group_name,
-    validate_stream_name,
 )
 from ..config import StreamConfig, require_keys
 from ..errors import (
@@ -58,14 +56,16 @@ from ..maintenance.grace import resolve_grace
 from ..maintenance.report import MaintenanceReport, Progress
 from ..maintenance.retention import Unit
 from ..metrics import Metrics
+from ..names import validate_group_name, validate_stream_name
 from ..oserrors import as_storage_error, typed_os_errors
 from ..projection import COLUMNS, OFFSETS, Part, Projection
 from ..records import RecordBatch, limit_records
 from ..sequencers.base import TransactionResult
+from ..storage.atomic import fsync_directory
 from ..transactions import StagedPart
 from ..writer import Writer
-from . import groups, reader, tiering, transactions
-from .compactor import compact_stream
+from . import groups, reader, transactions
+from .compact import compact_stream
 from .layout import (
     CONFIG,
     LOG_SUFFIX,
@@ -77,16 +77,16 @@ from .layout import (
     check_log_directory,
     clean_staging,
     encode_json,
-    fsync_directory,
     read_json,
     segment_name,
     write_json,
 )
-from .manifest import ManifestCache
 from .store import FSYNC_POLICIES, Repair, StreamGone, StreamStore, flag_deleted
-from .tier import CONFIG_FILE as TIER_CONFIG
-from .tier import Tier, check_tier, configure_tier
-from .tiered import TieredReader, local_units, make_view
+from .tiering import operations as tiering
+from .tiering.manifest import Manifest, ManifestCache
+from .tiering.reader import TieredReader, local_units, make_view
+from .tiering.target import CONFIG_FILE as TIER_CONFIG
+from .tiering.target import Tier, check_tier, configure_tier
 from .transactions import SegmentStager
 
 __all__ = ["SegmentLog", "SegmentStream"]
@@ -104,7 +104,18 @@ TIER_RECHECK_SECONDS = 1.0
 """How often a log opened without a tier looks whether another process gave it one."""
 
 
-@typed_os_errors()
+@typed_os_errors(
+    internal=(
+        "durable",
+        "manifest",
+        "may_have_tiered_streams",
+        "read_config",
+        "store_if_open",
+        "stream_dir",
+        "tiered_reader",
+        "with_store",
+    )
+)
 class SegmentLog(AbstractLog):
     """A log of streams stored as segment files in a local directory.
 
@@ -183,17 +194,17 @@ class SegmentLog(AbstractLog):
     # ------------------------------------------------------------- streams
 
     def stream(self, name: str) -> SegmentStream:
-        self._check_open()
+        self.check_open()
         return SegmentStream(self, validate_stream_name(name))
 
     def create_stream(self, name: str, **config: Any) -> SegmentStream:
-        self._check_open()
+        self.check_open()
         validate_stream_name(name)
         wanted = self._defaults.replace(**config)
-        directory = self._stream_dir(name)
+        directory = self.stream_dir(name)
         if not directory.exists():
             self._create_directory(name, wanted)
-        existing = self._read_config(name)
+        existing = self.read_config(name)
         if existing != wanted:
             raise StreamExistsError(
                 f"stream {name!r} already exists with a different configuration: {existing}"
@@ -201,7 +212,7 @@ class SegmentLog(AbstractLog):
         return SegmentStream(self, name)
 
     def streams(self) -> list[str]:
-        self._check_open()
+        self.check_open()
         names = []
         for entry in os.scandir(self.path / STREAMS):
             if entry.is_dir() and _exists(os.path.join(entry.path, CONFIG)):
@@ -210,9 +221,9 @@ class SegmentLog(AbstractLog):
         return sorted(names)
 
     def delete_stream(self, name: str) -> None:
-        self._check_open()
+        self.check_open()
         validate_stream_name(name)
-        directory = self._stream_dir(name)
+        directory = self.stream_dir(name)
         sync = self._fsync != "never"
         try:
             store = self._store(name, create=False)
@@ -250,7 +261,7 @@ class SegmentLog(AbstractLog):
         Nothing is stored unless every entry is valid. Several processes may commit to
         one group at once; each commit is atomic and none loses another's streams.
         """
-        self._check_open()
+        self.check_open()
         validate_group_name(group)
         if not isinstance(offsets, Mapping):
             raise ConfigError(
@@ -261,7 +272,7 @@ class SegmentLog(AbstractLog):
             for name, offset in offsets.items()
         }
         for name in checked:
-            if not (self._stream_dir(name) / CONFIG).exists():
+            if not (self.stream_dir(name) / CONFIG).exists():
                 raise StreamNotFound(
                     f"cannot commit an offset of stream {name!r}: it does not exist in {self.url}"
                 )
@@ -270,7 +281,7 @@ class SegmentLog(AbstractLog):
 
     def committed_offsets(self, group: str) -> dict[str, int]:
         """The offsets ``group`` committed, by stream (``{}`` for a new group)."""
-        self._check_open()
+        self.check_open()
         return groups.committed_offsets(self.path, validate_group_name(group))
 
     # ---------------------------------------------------------- maintenance
@@ -294,7 +305,7 @@ class SegmentLog(AbstractLog):
         Without either, or with nothing to repair, this is the recovery any open runs.
         The report's ``actions`` say what was repaired.
         """
-        self._check_open()
+        self.check_open()
         validate_stream_name(stream)
         if type(accept_data_loss) is not bool:
             raise ConfigError(f"accept_data_loss must be a bool, not {accept_data_loss!r}")
@@ -307,10 +318,10 @@ class SegmentLog(AbstractLog):
                 self._retire(old)
         if old is not None:
             old.close()
-        config = self._read_config(stream)
+        config = self.read_config(stream)
         try:
             store = StreamStore(
-                self._stream_dir(stream),
+                self.stream_dir(stream),
                 stream,
                 config,
                 self._fsync,
@@ -339,18 +350,18 @@ class SegmentLog(AbstractLog):
     ) -> MaintenanceReport:
         """Key compaction of the closed segments of compacted streams (``stream``, or
         every stream whose ``cleanup_policy`` includes ``compact``): one cleaner pass
-        each (:mod:`disklesslog.segments.compactor`), safe alongside appends, reads,
+        each (:mod:`disklesslog.segments.compact`), safe alongside appends, reads,
         trims and compactions in other processes. Damaged data stops the pass of its
         stream: :class:`CorruptDataError` for a named stream, a skipped line otherwise."""
-        self._check_open()
+        self.check_open()
         report = MaintenanceReport("compaction", dry_run=dry_run)
         now = int(time.time() * 1000) if now_ms is None else check_timestamp(now_ms, "now_ms")
         if stream is not None:
-            require_compacted(stream, self._read_config(validate_stream_name(stream)))
+            require_compacted(stream, self.read_config(validate_stream_name(stream)))
         names = [stream] if stream is not None else self.streams()
         for name in names:
             try:
-                config = self._read_config(name)
+                config = self.read_config(name)
             except StreamNotFound:
                 if stream is not None:
                     raise
@@ -368,7 +379,7 @@ class SegmentLog(AbstractLog):
                 config=config,
             )
             try:
-                report.merge(self._with_store(name, compact, create=False))
+                report.merge(self.with_store(name, compact, create=False))
             except StreamNotFound:
                 if stream is not None:
                     raise
@@ -385,7 +396,7 @@ class SegmentLog(AbstractLog):
     def writer(
         self, *, linger_ms: float | None = None, max_buffer_bytes: int | None = None
     ) -> SegmentWriter:
-        self._check_open()
+        self.check_open()
         w = SegmentWriter(
             self,
             linger_ms=DEFAULT_LINGER_MS if linger_ms is None else linger_ms,
@@ -402,7 +413,7 @@ class SegmentLog(AbstractLog):
         """A stager writing files under ``staged/`` (see
         :mod:`disklesslog.segments.transactions`); its process must see this directory
         (the same machine, or a shared file system)."""
-        self._check_open()
+        self.check_open()
         return SegmentStager(self, max_object_bytes=max_object_bytes)
 
     def commit_transaction(
@@ -412,11 +423,11 @@ class SegmentLog(AbstractLog):
         at once, holding them back from readers until every stream has them: all or
         nothing, exactly once, and rolled forward after a crash by the next commit or
         open of this log (see :mod:`disklesslog.segments.transactions`)."""
-        self._check_open()
+        self.check_open()
         return transactions.commit_transaction(self, transaction_id, parts)
 
     def abort_transaction(self, parts: Iterable[StagedPart]) -> None:
-        self._check_open()
+        self.check_open()
         transactions.abort_transaction(self, parts)
 
     # ---------------------------------------------------------------- tiering
@@ -424,7 +435,7 @@ class SegmentLog(AbstractLog):
     @property
     def tier_url(self) -> str | None:
         """Where this log tiers closed segments (``tier_url=``, persisted in the log)."""
-        tiered = self._tiered_reader(required=False)
+        tiered = self.tiered_reader(required=False)
         return None if tiered is None else tiered.tier.url
 
     def tier(
@@ -437,12 +448,12 @@ class SegmentLog(AbstractLog):
     ) -> MaintenanceReport:
         """Copy closed segments to the tier (``tier_url=``) and delete local copies past
         ``local_retention_ms``/``local_retention_bytes``; reads fall through to the tier.
-        See :mod:`disklesslog.segments.tiering`."""
-        self._check_open()
+        See :mod:`disklesslog.segments.tiering.operations`."""
+        self.check_open()
         names = [validate_stream_name(stream)] if stream is not None else None
         now = int(time.time() * 1000) if now_ms is None else check_timestamp(now_ms, "now_ms")
         report = MaintenanceReport("tiering", dry_run=dry_run)
-        tiered = self._tiered_reader(required=False)
+        tiered = self.tiered_reader(required=False)
         if tiered is None:
             report.skipped.append(
                 "no tier_url: open the log with tier_url='s3://bucket/prefix' (or any "
@@ -473,8 +484,8 @@ class SegmentLog(AbstractLog):
         that old. Local segments need no collection: they are deleted when trimmed.
         Staged files of two-phase commits nobody committed or aborted go once
         ``STAGED_UNKNOWN_MIN_AGE`` (24 h) old."""
-        self._check_open()
-        tiered = self._tiered_reader(required=False)
+        self.check_open()
+        tiered = self.tiered_reader(required=False)
         if tiered is None:
             report = MaintenanceReport("gc", dry_run=dry_run)
             report.skipped.append("no tier_url: local segments need no garbage collection")
@@ -491,10 +502,13 @@ class SegmentLog(AbstractLog):
         )
         return report
 
-    def _may_have_tiered_streams(self, *, now: bool = False) -> bool:
+    def may_have_tiered_streams(self, *, now: bool = False) -> bool:
         """Whether this log has a tier, cheaply: a log opened without one looks for
         ``tier.json`` (another process may start tiering it) at most once a second,
-        or ``now``, so logs that never tier pay nothing on their read path."""
+        or ``now``, so logs that never tier pay nothing on their read path.
+
+        For the package's own modules: a stream asks it before each read, extent or
+        retention call, to take the tiered path only in a log that may have one."""
         if self._tiered is not None:
             return True
         clock = time.monotonic()
@@ -503,10 +517,13 @@ class SegmentLog(AbstractLog):
         self._tier_recheck = clock + TIER_RECHECK_SECONDS
         return _exists(self.path / TIER_CONFIG)
 
-    def _tiered_reader(self, *, required: bool = True) -> TieredReader | None:
+    def tiered_reader(self, *, required: bool = True) -> TieredReader | None:
         """The log's tier reads; configured on first need if another process started
         tiering this log after it was opened here. ``required``: a stream has a
-        manifest, so a missing tier is an error, not "not tiered"."""
+        manifest, so a missing tier is an error, not "not tiered".
+
+        For the package's own modules: a stream with tiered segments reads, sizes and
+        describes them through it; the log configures it once and owns it."""
         tiered = self._tiered
         if tiered is None:
             tier: Tier | None = configure_tier(
@@ -565,11 +582,45 @@ class SegmentLog(AbstractLog):
 
     # ------------------------------------------------------------ internals
 
-    def _stream_dir(self, name: str) -> Path:
+    def stream_dir(self, name: str) -> Path:
+        """The directory of stream ``name`` (which may not exist).
+
+        For the package's own modules: tiering finds a stream's manifest there."""
         return self.path / STREAMS / name
 
-    def _read_config(self, name: str) -> StreamConfig:
-        path = self._stream_dir(name) / CONFIG
+    @property
+    def durable(self) -> bool:
+        """Whether the fsync policy syncs at all (anything but ``"never"``).
+
+        For the package's own modules: two-phase commits write their staged files,
+        notes and records as durably as the log's appends."""
+        return self._fsync != "never"
+
+    def store_if_open(self, name: str) -> StreamStore | None:
+        """The stream's store if this log has it open, else ``None``: one dict read, no
+        lock (the hot path of an append; :meth:`with_store` does the rest).
+
+        For the package's own modules: :meth:`SegmentStream.append` appends to an open
+        store directly; the log alone opens, retires and closes its stores."""
+        return self._stores.get(name)
+
+    def manifest(self, directory: Path) -> Manifest | None:
+        """The tier manifest of the stream in ``directory``, ``None`` if nothing of it is
+        tiered: one ``stat``, re-read only when the file was replaced.
+
+        For the package's own modules: a stream takes the tiered path for its reads,
+        extent and description only when it has a manifest, read through the cache
+        this log's tiered reads share."""
+        return self._manifests.get(directory)
+
+    def read_config(self, name: str) -> StreamConfig:
+        """The stream's ``stream.json``, read afresh (:class:`StreamNotFound` if the
+        stream does not exist, :class:`CorruptDataError` if the file is damaged).
+
+        For the package's own modules: stagers and writers encode a stream's batches
+        with its settings, and tiering applies its maintenance settings, which any
+        process may alter at any time (so this reads the file every time)."""
+        path = self.stream_dir(name) / CONFIG
         found = read_json(path, what="stream config")
         if found is None:
             raise StreamNotFound(f"stream {name!r} does not exist in {self.url}")
@@ -588,16 +639,16 @@ class SegmentLog(AbstractLog):
         """Change maintenance settings of ``name`` (see :data:`~disklesslog.config.ALTERABLE`):
         ``stream.json`` is replaced atomically under the stream's lock, and maintenance
         in every process reads it afresh."""
-        self._check_open()
+        self.check_open()
         validate_stream_name(name)
 
         def alter(store: StreamStore) -> StreamConfig:
             with store.locked():
-                new = self._read_config(name).altered(**changes)
-                self._write_config(self._stream_dir(name), new, replace=True)
+                new = self.read_config(name).altered(**changes)
+                self._write_config(self.stream_dir(name), new, replace=True)
             return new
 
-        return self._with_store(name, alter, create=False)
+        return self.with_store(name, alter, create=False)
 
     def _write_config(self, directory: Path, config: StreamConfig, *, replace: bool) -> None:
         """Write ``stream.json``, checksummed (by :func:`write_json` when it replaces one,
@@ -628,7 +679,7 @@ class SegmentLog(AbstractLog):
                         os.fsync(f.fileno())
                 fsync_directory(staging)
             try:
-                os.rename(staging, self._stream_dir(name))
+                os.rename(staging, self.stream_dir(name))
             except OSError as exc:
                 if exc.errno not in (errno.EEXIST, errno.ENOTEMPTY):
                     raise
@@ -651,21 +702,21 @@ class SegmentLog(AbstractLog):
         store = self._stores.get(name)  # the hot path: a dict read is atomic
         if store is not None:
             return store
-        self._check_open()
-        if not self._stream_dir(name).exists():
+        self.check_open()
+        if not self.stream_dir(name).exists():
             if not create:
                 raise StreamNotFound(f"stream {name!r} does not exist in {self.url}")
             if check is not None:
                 check(self._defaults)
             self._create_directory(name, self._defaults)
-        config = self._read_config(name)
+        config = self.read_config(name)
         store = StreamStore(
-            self._stream_dir(name), name, config, self._fsync, self._metrics, hold=self._held
+            self.stream_dir(name), name, config, self._fsync, self._metrics, hold=self._held
         )
         with self._lock:
             if self._closed:
                 store.close()
-                self._check_open()
+                self.check_open()
             existing = self._stores.setdefault(name, store)
         if existing is not store:
             store.close()
@@ -684,7 +735,7 @@ class SegmentLog(AbstractLog):
         self._retired[1] += store.appended_records
         self._retired[2] += store.appended_bytes
 
-    def _with_store(
+    def with_store(
         self,
         name: str,
         action: Callable[[StreamStore], T],
@@ -693,7 +744,11 @@ class SegmentLog(AbstractLog):
         check: Callable[[StreamConfig], object] | None = None,
     ) -> T:
         """Run ``action`` on the stream's store, reopening it if the stream was deleted
-        and (for writes) recreated under us (``check``: see :meth:`_store`)."""
+        and (for writes) recreated under us (``check``: see :meth:`_store`).
+
+        For the package's own modules: the streams, writers, two-phase commits and
+        tiering act on a stream's files only through it, so each survives a concurrent
+        delete (and re-create) of the stream, and the log keeps owning its stores."""
         for attempt in range(_GONE_RETRIES):
             try:
                 store = self._store(name, create=create, check=check)
@@ -735,10 +790,7 @@ class SegmentLog(AbstractLog):
                         log.warning("stream %r: syncing to disk works again", name)
 
 
-@typed_os_errors(
-    iterators=("read_batches", "read_offsets"),
-    also=("_retention_units", "_trim_for_retention"),
-)
+@typed_os_errors(iterators=("read_batches", "read_offsets"))
 class SegmentStream(Stream):
     """A stream of a :class:`SegmentLog`."""
 
@@ -751,7 +803,7 @@ class SegmentStream(Stream):
         headers: Any = None,
         timestamp: int | None = None,
     ) -> int:
-        store = self._log._stores.get(self._name)
+        store = self._log.store_if_open(self._name)
         if store is not None:  # the hot path; a new or deleted stream takes the slow one
             try:
                 return _append_record(value, key, headers, timestamp, store)
@@ -759,7 +811,7 @@ class SegmentStream(Stream):
                 pass
         append = functools.partial(_append_record, value, key, headers, timestamp)
         check = functools.partial(_encode_record, value, key, headers, timestamp, self._name)
-        return self._log._with_store(self._name, append, create=True, check=check)
+        return self._log.with_store(self._name, append, create=True, check=check)
 
     def append_batch(
         self,
@@ -796,19 +848,19 @@ class SegmentStream(Stream):
             with encoded(config):
                 pass
 
-        return self._log._with_store(self._name, append_all, create=True, check=check)
+        return self._log.with_store(self._name, append_all, create=True, check=check)
 
     # A stream with a manifest (tier.manifest) has tiered segments: its reads, extent
-    # and trims go through segments.tiered/tiering, the others take the local path
+    # and trims go through segments.tiering.reader/tiering, the others take the local path
     # unchanged (one stat of the manifest file decides).
 
     def _tier_reads(self, store: StreamStore, *, now: bool = False) -> TieredReader | None:
         log = self._log
-        if not log._may_have_tiered_streams(now=now):
+        if not log.may_have_tiered_streams(now=now):
             return None
-        if log._manifests.get(store.directory) is None:
+        if log.manifest(store.directory) is None:
             return None
-        return log._tiered_reader()
+        return log.tiered_reader()
 
     def read_batches(
         self, start: int | None = None, end: int | None = None, *, max_records: int | None = None
@@ -838,7 +890,7 @@ class SegmentStream(Stream):
                         raise
             return tiered.read(store, start, end, projection)
 
-        return self._log._with_store(self._name, read, create=False)
+        return self._log.with_store(self._name, read, create=False)
 
     def offset_for_time(self, timestamp_ms: int) -> int | None:
         check_timestamp(timestamp_ms, "timestamp_ms")
@@ -849,7 +901,7 @@ class SegmentStream(Stream):
                 return reader.offset_for_time(store, timestamp_ms)
             return tiered.offset_for_time(store, timestamp_ms)
 
-        return self._log._with_store(self._name, find, create=False)
+        return self._log.with_store(self._name, find, create=False)
 
     @property
     def start_offset(self) -> int:
@@ -859,15 +911,15 @@ class SegmentStream(Stream):
                 return store.snapshot().start_offset
             return tiered.view(store).start_offset
 
-        return self._log._with_store(self._name, start, create=False)
+        return self._log.with_store(self._name, start, create=False)
 
     @property
     def end_offset(self) -> int:
-        return self._log._with_store(self._name, lambda s: s.snapshot().end_offset, create=False)
+        return self._log.with_store(self._name, lambda s: s.snapshot().end_offset, create=False)
 
     def trim(self, before_offset: int) -> None:
         check_offset(before_offset, "before_offset")
-        self._log._with_store(
+        self._log.with_store(
             self._name, lambda s: tiering.trim_stream(s, before_offset), create=False
         )
 
@@ -895,9 +947,9 @@ class SegmentStream(Stream):
             if held:  # a commit in progress or interrupted holds the tail back
                 details["pending_transactions"] = held
                 details["unstable_end_offset"] = store.snapshot(raw=True).end_offset
-            manifest = self._log._manifests.get(store.directory)
+            manifest = self._log.manifest(store.directory)
             if manifest is not None:
-                tiered = self._log._tiered_reader()
+                tiered = self._log.tiered_reader()
                 view = make_view(snap, manifest)
                 start = view.start_offset
                 size_bytes += sum(seg.size for seg in view.tiered)
@@ -919,26 +971,26 @@ class SegmentStream(Stream):
                 name=self._name,
                 start_offset=start,
                 end_offset=snap.end_offset,
-                config=self._log._read_config(self._name),  # maintenance settings may change
+                config=self._log.read_config(self._name),  # maintenance settings may change
                 size_bytes=size_bytes,
                 details=details,
             )
 
-        return self._log._with_store(self._name, describe, create=False)
+        return self._log.with_store(self._name, describe, create=False)
 
-    def _retention_units(self) -> tuple[list[Unit], int]:
+    def retention_units(self) -> tuple[list[Unit], int]:
         def units(store: StreamStore) -> tuple[list[Unit], int]:
             tiered = self._tier_reads(store)
             if tiered is None:
                 return local_units(store, store.snapshot())
             return tiered.retention_units(store)
 
-        return self._log._with_store(self._name, units, create=False)
+        return self._log.with_store(self._name, units, create=False)
 
-    def _unit_name(self, count: int) -> str:
+    def retention_unit_name(self, count: int) -> str:
         return "segment" if count == 1 else "segments"
 
-    def _trim_for_retention(self, before: int) -> MaintenanceReport:
+    def trim_for_retention(self, before: int) -> MaintenanceReport:
         report = MaintenanceReport("retention")
 
         def trim(store: StreamStore) -> None:
@@ -953,7 +1005,7 @@ class SegmentStream(Stream):
                     "left the stream (objects deleted by gc after the grace period)"
                 )
 
-        self._log._with_store(self._name, trim, create=False)
+        self._log.with_store(self._name, trim, create=False)
         return report
 
 
@@ -972,7 +1024,7 @@ class SegmentWriter(Writer):
 
     def _config_for(self, stream: str) -> StreamConfig:
         try:
-            return self._log._read_config(stream)
+            return self._log.read_config(stream)
         except StreamNotFound:
             return self._log.stream_defaults
 
@@ -983,7 +1035,7 @@ class SegmentWriter(Writer):
         for stream, encoded in batches:
             try:
                 results.append(
-                    self._log._with_store(
+                    self._log.with_store(
                         stream, functools.partial(_append_to, encoded), create=True
                     )
                 )

@@ -26,12 +26,12 @@ import time
 from pathlib import Path
 
 from ..errors import CorruptDataError
+from ..storage.atomic import fsync_directory
 from .layout import (
     INDEX_SUFFIX,
     LOG_SUFFIX,
     LOST_SUFFIX,
     TIMEINDEX_SUFFIX,
-    fsync_directory,
     read_json,
     segment_name,
     write_json,

@@ -43,6 +43,7 @@ from ..errors import (
 )
 from ..format import TAIL, EncodedBatch
 from ..metrics import Metrics
+from ..storage.atomic import fsync_directory
 from . import loss, swap
 from .layout import (
     FLAG_DELETED,
@@ -57,7 +58,6 @@ from .layout import (
     STATE_SIZE,
     StreamState,
     close_quietly,
-    fsync_directory,
     list_segments,
     read_state_copy,
     segment_name,

@@ -37,6 +37,7 @@ from pathlib import Path
 
 from ..errors import CorruptDataError
 from ..format import crc32c
+from ..storage.atomic import fsync_directory
 from .layout import (
     CHECKPOINT,
     CLEANER_LOCK,
@@ -47,7 +48,6 @@ from .layout import (
     close_quietly,
     decode_json,
     encode_json,
-    fsync_directory,
     segment_name,
 )
 

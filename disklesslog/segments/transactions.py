@@ -74,6 +74,7 @@ from ..sequencers.base import (
     TransactionResult,
 )
 from ..sequencers.common import check_transaction_id
+from ..storage.atomic import fsync_directory
 from ..transactions import (
     STAGED_MAX_AGE,
     STAGED_UNKNOWN_MIN_AGE,
@@ -88,7 +89,6 @@ from .layout import (
     decode_json,
     encode_json,
     flocked,
-    fsync_directory,
     write_durably,
 )
 
@@ -130,7 +130,7 @@ class SegmentStager(Stager):
 
     def _config_for(self, stream: str) -> StreamConfig:
         try:
-            return self._log._read_config(stream)
+            return self._log.read_config(stream)
         except StreamNotFound:
             return self._log.stream_defaults
 
@@ -143,7 +143,7 @@ class SegmentStager(Stager):
 
     @property
     def _sync(self) -> bool:
-        return self._log._fsync != "never"
+        return self._log.durable
 
 
 # ----------------------------------------------------------------- committing
@@ -176,7 +176,7 @@ def commit_transaction(
                     "garbage collection may have deleted it. Stage the data again"
                 )
         per_stream = _batches_by_stream(log, objects)  # checked before anything is noted
-        sync = log._fsync != "never"
+        sync = log.durable
         pending = directory / PENDING
         pending.mkdir(exist_ok=True)
         if sync:
@@ -207,7 +207,7 @@ def _apply(
     the notes file (the commit point) and the rest. Runs under the transactions lock."""
     directory = log.path / TRANSACTIONS
     notes_path = directory / PENDING / f"{name}{_NOTES}"
-    sync = log._fsync != "never"
+    sync = log.durable
     streams: dict[str, Any] = notes["streams"]
 
     def save(durable: bool) -> None:
@@ -231,7 +231,7 @@ def _apply(
         def append(store: StreamStore, batches: list[EncodedBatch] = batches) -> list[int]:
             return store.append(batches, before=before)
 
-        bases = log._with_store(stream, append, create=True)
+        bases = log.with_store(stream, append, create=True)
         streams[stream] = {"range": [bases[0], bases[0] + span]}
         save(durable=False)  # a shortcut for a roll-forward, which can also check _landed
     ranges = {s: (int(n["range"][0]), int(n["range"][1])) for s, n in sorted(streams.items())}
@@ -580,7 +580,7 @@ def _landed(log: SegmentLog, stream: str, base: int, batches: list[EncodedBatch]
         return [(r.timestamp, r.key, r.value, r.headers) for b in batches for r in b.records()]
 
     try:
-        got = log._with_store(stream, stored, create=False)
+        got = log.with_store(stream, stored, create=False)
     except (StreamNotFound, OffsetOutOfRange):  # deleted, or trimmed past it since
         return False
     want = [

@@ -20,12 +20,12 @@ from typing import Any
 
 from sortedcontainers import SortedDict
 
-from ..api import validate_group_name, validate_stream_name
 from ..errors import (
     ConfigError,
     InvalidURL,
     StreamNotFound,
 )
+from ..names import validate_group_name, validate_stream_name
 from .base import (
     BatchLocation,
     BatchPage,

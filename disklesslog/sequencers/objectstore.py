@@ -5,7 +5,7 @@ Every process keeps a full replica of the sequencer's state in memory (a
 applying **entries**, objects named ``<root>/log/<20-digit number>`` in the same bucket
 as the data. An entry lists operations (commit, trim, create stream, init producer,
 ...). Whoever manages to create entry ``n + 1`` with put-if-absent
-(:func:`~disklesslog.sequencers.conditional.put_if_absent`) has ordered its operations
+(:func:`~disklesslog.storage.conditional.put_if_absent`) has ordered its operations
 after entry ``n``; every replica applies the entries in number order and, because the
 state machine is deterministic (the entry carries its own timestamp), reaches the same
 state and the same verdict on every operation. This is Delta Lake's ``_delta_log`` and
@@ -56,7 +56,6 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..api import validate_stream_name
 from ..errors import (
     ConfigError,
     CorruptDataError,
@@ -68,6 +67,9 @@ from ..errors import (
     SequencerError,
     StorageError,
 )
+from ..names import validate_stream_name
+from ..retries import DEADLINE
+from ..storage.filesystems import open_filesystem
 from .base import (
     BatchLocation,
     BatchPage,
@@ -163,6 +165,9 @@ class ObjectStoreSequencer(Sequencer):
     if the stored state is damaged (the replica stops before the damage; every read and
     write still raises :class:`SequencerDamaged`), to call :meth:`verify`,
     :meth:`write_checkpoint` or :meth:`discard_entry` (``docs/operations.md``).
+    ``retry_deadline``: seconds after a storage request's first attempt in which its
+    retries must start (:mod:`disklesslog.retries`; a log passes its
+    ``retry_deadline_ms``).
     """
 
     def __init__(
@@ -176,6 +181,7 @@ class ObjectStoreSequencer(Sequencer):
         entry_retention_seconds: float = 600.0,
         max_attempts: int = 300,
         repair: bool = False,
+        retry_deadline: float = DEADLINE,
     ) -> None:
         if type(checkpoint_every) is not int or checkpoint_every < 1:
             raise ConfigError("checkpoint_every must be an int >= 1")
@@ -183,9 +189,11 @@ class ObjectStoreSequencer(Sequencer):
             raise ConfigError("entry_retention_seconds must be a positive number of seconds")
         if type(max_attempts) is not int or max_attempts < 1:
             raise ConfigError("max_attempts must be an int >= 1")
+        if not isinstance(retry_deadline, (int, float)) or not retry_deadline > 0:
+            raise ConfigError("retry_deadline must be a positive number of seconds")
         protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
         self.url = url or f"objectstore+{protocol}://{root.rstrip('/')}"
-        self._storage = SequencerStorage(fs, root, self.url)
+        self._storage = SequencerStorage(fs, root, self.url, deadline=retry_deadline)
         self._clock = clock
         self._checkpoint_every = checkpoint_every
         self._retention = float(entry_retention_seconds)
@@ -945,8 +953,6 @@ def open_objectstore_sequencer(url: str, *, repair: bool = False) -> ObjectStore
     credentials from the environment. A log on object storage uses one inside itself by
     default; pass an instance to give storage options of its own. ``repair`` opens a
     damaged one for repair (see :class:`ObjectStoreSequencer`)."""
-    from ..objects.storage import open_filesystem  # noqa: PLC0415 - avoids an import cycle
-
     scheme, sep, rest = url.partition("://")
     prefix, plus, protocol = scheme.partition("+")
     if not sep or prefix.lower() != "objectstore" or not plus or not protocol:

@@ -3,44 +3,33 @@
 Under the sequencer's root, entry ``n`` is ``log/<n:020d>`` and the checkpoint of the
 state as of entry ``n``, written at unix time ``ms``, is ``checkpoints/<n:020d>-<ms:013d>``.
 
-Every call retries failures with the policy :meth:`ObjectStorage.put` uses for data
-objects (:data:`ATTEMPTS` attempts, exponential backoff from :data:`RETRY_DELAY` with
-jitter), GETs and LISTs as much as PUTs: a replica that gave up on the first GET that
-timed out would fail to open a log that is perfectly readable. A missing object is an
-answer, not a failure (a missing entry is the end of the log), so ``FileNotFoundError``
-is never retried. Listings bypass fsspec's listing cache: a checkpoint another process
-wrote must be seen, or a stale replica could take a deleted entry number for a free one.
+Every request goes through the storage layer
+(:class:`~disklesslog.storage.store.ObjectStore`), so it is retried with the policy of
+every other request to storage (:mod:`disklesslog.retries`), GETs and LISTs as much as
+PUTs: a replica that gave up on the first GET that timed out would fail to open a log
+that is perfectly readable. A missing object is an answer, not a failure (a missing
+entry is the end of the log), so it is never retried. Listings bypass fsspec's listing
+cache: a checkpoint another process wrote must be seen, or a stale replica could take a
+deleted entry number for a free one.
 """
 
 from __future__ import annotations
 
-import contextlib
-import logging
-import os
-import random
 import re
-import secrets
-import time
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
-from ..errors import DisklessLogError, StorageError
-from .conditional import is_local, put_if_absent
+from ..errors import DisklessLogError
+from ..metrics import Metrics
+from ..retries import DEADLINE
+from ..storage.store import ObjectStore
 
-__all__ = ["ATTEMPTS", "RETRY_DELAY", "CheckpointName", "SequencerStorage"]
-
-log = logging.getLogger(__name__)
-
-ATTEMPTS = 5
-"""Attempts of every storage call before its failure is raised (as ``StorageError``)."""
-RETRY_DELAY = 0.05
-"""Seconds before the second attempt; doubled for each further one, times 0.5-1.5."""
+__all__ = ["CheckpointName", "SequencerStorage"]
 
 _CHECKPOINT_NAME = re.compile(r"^(\d{20})-(\d{13})$")
 _ENTRY_NAME = re.compile(r"^\d{20}$")
-
-T = TypeVar("T")
+_LOG = "log"
+_CHECKPOINTS = "checkpoints"
 
 
 @dataclass(frozen=True)
@@ -53,27 +42,29 @@ class CheckpointName:
 
 
 class SequencerStorage:
-    """The entries and checkpoints under ``root`` of an fsspec filesystem."""
+    """The entries and checkpoints under ``root`` of an fsspec filesystem, named by
+    their paths (``<root>/<key>``: what the sequencer's messages and reports show).
+    The sequencer reports no metrics, so the requests' counters stay in ``store``."""
 
-    def __init__(self, fs: Any, root: str, url: str) -> None:
-        self.fs = fs
+    def __init__(self, fs: Any, root: str, url: str, *, deadline: float = DEADLINE) -> None:
         self.root = root.rstrip("/")
-        self.url = url
+        self.store = ObjectStore(fs, self.root, Metrics(), url=url, retry_deadline=deadline)
 
     def entry_path(self, number: int) -> str:
-        return f"{self.root}/log/{number:020d}"
+        return self.store.path(f"{_LOG}/{number:020d}")
 
     def checkpoint_path(self, entry: int, millis: int) -> str:
-        return f"{self.root}/checkpoints/{entry:020d}-{millis:013d}"
+        return self.store.path(f"{_CHECKPOINTS}/{entry:020d}-{millis:013d}")
+
+    def _key(self, path: str) -> str:
+        """The key of a path this class made (every one is ``<root>/<key>``)."""
+        return path[len(self.root) + 1 :]
 
     # ------------------------------------------------------------------ reads
 
     def get(self, path: str) -> bytes | None:
         """An object's bytes, or None if it does not exist."""
-        try:
-            return self._retried(f"read {path}", lambda: bytes(self.fs.cat_file(path)))
-        except FileNotFoundError:
-            return None
+        return self.store.get(self._key(path))
 
     def get_entries(self, first: int, count: int) -> list[bytes | None]:
         """Entries ``first .. first + count - 1`` (None where missing), fetched with one
@@ -81,9 +72,10 @@ class SequencerStorage:
         fetched again one by one, with retries."""
         if count == 1:
             return [self.get(self.entry_path(first))]
+        fs = self.store.fs
         paths = [self.entry_path(first + i) for i in range(count)]
         try:
-            fetched = self.fs.cat(paths, on_error="return")
+            fetched = fs.cat(paths, on_error="return")
         except DisklessLogError:
             raise
         except Exception:  # the whole call failed: one GET each, retried
@@ -92,7 +84,8 @@ class SequencerStorage:
         for path in paths:
             got = fetched.get(path)
             if got is None:  # some filesystems key the answers by the stripped path
-                got = fetched.get(self.fs._strip_protocol(path))
+                # fsspec's own normalisation, which cat() applied (it has no public name)
+                got = fetched.get(fs._strip_protocol(path))
             if isinstance(got, FileNotFoundError):
                 found.append(None)
             elif got is None or isinstance(got, BaseException):
@@ -104,80 +97,36 @@ class SequencerStorage:
     def checkpoints(self) -> list[CheckpointName]:
         """Every checkpoint, oldest first (by entry, then by time written)."""
         found = []
-        for path in self._list(f"{self.root}/checkpoints"):
-            match = _CHECKPOINT_NAME.match(path.rsplit("/", 1)[-1])
+        for name in self.store.names(_CHECKPOINTS):
+            match = _CHECKPOINT_NAME.match(name)
             if match:
+                path = self.store.path(f"{_CHECKPOINTS}/{name}")
                 found.append(CheckpointName(int(match[1]), int(match[2]), path))
         return sorted(found, key=lambda c: (c.entry, c.millis))
 
     def entries(self) -> list[tuple[int, str]]:
         """``(number, path)`` of every entry present, in number order."""
         found = []
-        for path in self._list(f"{self.root}/log"):
-            name = path.rsplit("/", 1)[-1]
+        for name in self.store.names(_LOG):
             if _ENTRY_NAME.match(name):
-                found.append((int(name), path))
+                found.append((int(name), self.store.path(f"{_LOG}/{name}")))
         return sorted(found)
-
-    def _list(self, folder: str) -> list[str]:
-        with contextlib.suppress(Exception):  # not every filesystem caches listings
-            self.fs.invalidate_cache(folder)
-        try:
-            names = self._retried(f"list {folder}", lambda: self.fs.ls(folder, detail=False))
-        except FileNotFoundError:
-            return []
-        return [str(name).rstrip("/") for name in names]
 
     # ----------------------------------------------------------------- writes
 
     def create(self, path: str, data: bytes) -> bool:
-        """Put-if-absent (:func:`put_if_absent`), retried. A retry that finds the object
-        present reports False, as a lost race does: the caller reads it back to learn
-        whether an earlier attempt had created it. When every attempt failed, the
-        ``StorageError`` says the object may or may not exist now."""
-        return self._retried(
-            f"create {path} (it may or may not exist now)",
-            lambda: put_if_absent(self.fs, path, data),
-        )
+        """Put-if-absent, retried (:meth:`ObjectStore.put_if_absent`): False if the
+        object existed, also when an earlier attempt whose response was lost had
+        created it, so the caller reads it back to learn whether that was its own. When
+        every attempt failed, the ``StorageError`` says the object may or may not exist
+        now."""
+        return self.store.put_if_absent(self._key(path), data)
 
     def replace(self, path: str, data: bytes) -> None:
         """Overwrite an object whole, atomically: readers see the old bytes or the new,
         never a mix or nothing (a rename on local disks; a PUT elsewhere)."""
-
-        def write() -> None:
-            if is_local(self.fs):
-                temporary = f"{path}.tmp-{secrets.token_hex(8)}"
-                with open(temporary, "xb") as f:
-                    f.write(data)
-                os.replace(temporary, path)
-            else:
-                self.fs.pipe_file(path, data)
-
-        self._retried(f"replace {path}", write)
+        self.store.put(self._key(path), data)
 
     def delete(self, path: str) -> None:
         """Delete an object; a missing one is fine."""
-        with contextlib.suppress(FileNotFoundError):
-            self._retried(f"delete {path}", lambda: self.fs.rm_file(path))
-
-    # ----------------------------------------------------------------- retries
-
-    def _retried(self, what: str, call: Callable[[], T]) -> T:
-        """``call()``, retried on failure; ``FileNotFoundError`` and our own errors are
-        answers and pass at once. Clients raise their own transient errors (gcsfs's
-        HttpError, Azure's ServiceRequestError are not OSErrors), so any other failure
-        is retried, and the last one is raised as :class:`StorageError` (also an
-        ``OSError``) chained to it."""
-        for attempt in range(1, ATTEMPTS + 1):
-            try:
-                return call()
-            except (FileNotFoundError, DisklessLogError):
-                raise
-            except Exception as exc:
-                if attempt == ATTEMPTS:
-                    raise StorageError(
-                        f"{self.url}: could not {what} after {attempt} attempts: {exc}"
-                    ) from exc
-                log.debug("%s: could not %s (attempt %d): %s", self.url, what, attempt, exc)
-                time.sleep(RETRY_DELAY * 2 ** (attempt - 1) * (0.5 + random.random()))
-        raise AssertionError("unreachable")
+        self.store.delete([self._key(path)])

@@ -95,7 +95,6 @@ from dataclasses import dataclass, fields
 from typing import Any, TypeVar
 from urllib.parse import unquote, urlsplit, urlunsplit
 
-from ..api import validate_group_name, validate_stream_name
 from ..errors import (
     ConfigError,
     CorruptDataError,
@@ -105,6 +104,7 @@ from ..errors import (
     SequencerError,
     StreamNotFound,
 )
+from ..names import validate_group_name, validate_stream_name
 from .base import (
     NO_PRODUCER,
     BatchLocation,
@@ -131,6 +131,7 @@ from .common import (
     check_position,
     check_transaction,
     config_copy,
+    forget_after_fork,
     merged_config,
     not_contiguous,
     out_of_range,
@@ -605,17 +606,10 @@ def open_postgres_sequencer(url: str) -> PostgresSequencer:
 
 # --------------------------------------------------------------------- connections
 
-_LIVE: weakref.WeakSet[PostgresSequencer] = weakref.WeakSet()
+_LIVE: weakref.WeakSet[PostgresSequencer] = forget_after_fork(
+    lambda sequencer: sequencer._forget_pool()
+)
 _INHERITED: list[Any] = []  # pools a fork child must neither use nor close
-
-
-def _after_fork_in_child() -> None:
-    for sequencer in list(_LIVE):
-        sequencer._forget_pool()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 class _Attempt:

@@ -80,7 +80,6 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 from urllib.parse import parse_qsl, quote, unquote, urlsplit
 
-from ..api import validate_group_name, validate_stream_name
 from ..errors import (
     ConfigError,
     CorruptDataError,
@@ -91,6 +90,7 @@ from ..errors import (
     SequencerError,
     StreamNotFound,
 )
+from ..names import validate_group_name, validate_stream_name
 from .base import (
     NO_PRODUCER,
     BatchLocation,
@@ -117,6 +117,7 @@ from .common import (
     check_position,
     check_transaction,
     config_copy,
+    forget_after_fork,
     merged_config,
     not_contiguous,
     out_of_range,
@@ -341,17 +342,10 @@ def _close_connection(db: sqlite3.Connection, pid: int) -> None:
         db.close()
 
 
-_LIVE: weakref.WeakSet[SqliteSequencer] = weakref.WeakSet()
+_LIVE: weakref.WeakSet[SqliteSequencer] = forget_after_fork(
+    lambda sequencer: sequencer._forget_connections()
+)
 _INHERITED: list[object] = []  # connections a fork child must neither use nor close
-
-
-def _after_fork_in_child() -> None:
-    for sequencer in list(_LIVE):
-        sequencer._forget_connections()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _is_busy(exc: Exception) -> bool:

@@ -14,9 +14,9 @@ import functools
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from ..api import validate_stream_name
 from ..errors import ConfigError
 from ..maintenance.report import MaintenanceReport
+from ..names import validate_stream_name
 from .options import LogOptions
 
 __all__ = ["maintain"]

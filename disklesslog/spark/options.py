@@ -15,8 +15,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..api import AbstractLog, validate_stream_name
+from ..api import AbstractLog
 from ..errors import ConfigError, InvalidStreamName
+from ..names import validate_stream_name
 from ..urls import open_log, split_url
 
 __all__ = [
@@ -26,6 +27,7 @@ __all__ = [
     "OffsetSpec",
     "ReadOptions",
     "check_known",
+    "get_option",
     "parse_bool",
     "parse_log_options",
     "parse_positive_int",
@@ -158,8 +160,11 @@ def check_known(options: Mapping[str, str], known: tuple[str, ...], side: str) -
         )
 
 
-def _get(options: Mapping[str, str], key: str) -> str | None:
-    """The value of ``key`` (lower-case), whatever case the caller's dict keeps."""
+def get_option(options: Mapping[str, str], key: str) -> str | None:
+    """The value of ``key`` (lower-case), whatever case the caller's dict keeps.
+
+    For the package's own modules: Spark's option names are case-insensitive, so the
+    writer reads its own options (``stream``, ``transactionId``) through this too."""
     for name, value in options.items():
         if name.lower() == key:
             return value
@@ -167,7 +172,7 @@ def _get(options: Mapping[str, str], key: str) -> str | None:
 
 
 def parse_bool(options: Mapping[str, str], key: str, default: bool) -> bool:
-    raw = _get(options, key)
+    raw = get_option(options, key)
     if raw is None:
         return default
     lowered = raw.strip().lower()
@@ -180,7 +185,7 @@ def parse_columns(options: Mapping[str, str]) -> tuple[str, ...]:
     """``columns`` (a comma-separated subset of the schema, in the order wanted), or the
     default columns, with ``headers`` if ``includeHeaders``."""
     include_headers = parse_bool(options, "includeheaders", False)
-    raw = _get(options, "columns")
+    raw = get_option(options, "columns")
     if raw is None:
         return COLUMNS if include_headers else COLUMNS[:-1]
     names = tuple(name.strip() for name in raw.split(","))
@@ -198,7 +203,7 @@ def parse_columns(options: Mapping[str, str]) -> tuple[str, ...]:
 
 
 def parse_positive_int(options: Mapping[str, str], key: str) -> int | None:
-    raw = _get(options, key)
+    raw = get_option(options, key)
     if raw is None:
         return None
     try:
@@ -219,8 +224,8 @@ def parse_log_options(options: Mapping[str, str]) -> LogOptions:
     storage option whose name needs capitals, or a value that is not a string, goes in
     ``storageOptions``; ``storage.<key>`` entries override it key by key.
     """
-    url = _get(options, "url")
-    path = _get(options, "path")
+    url = get_option(options, "url")
+    path = get_option(options, "path")
     if url is not None and path is not None and url != path:
         raise ConfigError(f"give the log's URL once: url={url!r} but load()/save() got {path!r}")
     url = url if url is not None else path
@@ -230,7 +235,7 @@ def parse_log_options(options: Mapping[str, str]) -> LogOptions:
             "or .load(url) / .save(url)"
         )
     storage: dict[str, Any] = {}
-    raw_json = _get(options, "storageoptions")
+    raw_json = get_option(options, "storageoptions")
     if raw_json is not None:
         try:
             storage = json.loads(raw_json)
@@ -253,14 +258,14 @@ def parse_log_options(options: Mapping[str, str]) -> LogOptions:
         target[parts[-1]] = value
     return LogOptions(
         url=url.strip(),
-        backend=_get(options, "backend"),
-        sequencer=_get(options, "sequencer"),
+        backend=get_option(options, "backend"),
+        sequencer=get_option(options, "sequencer"),
         storage_options=storage,
     )
 
 
 def _parse_offsets(options: Mapping[str, str], key: str) -> OffsetSpec | None:
-    raw = _get(options, key)
+    raw = get_option(options, key)
     if raw is None:
         return None
     text = raw.strip()
@@ -295,8 +300,8 @@ def parse_read_options(options: Mapping[str, str]) -> ReadOptions:
     check_known(options, READ_OPTIONS, "read")
     log = parse_log_options(options)
 
-    raw_streams = _get(options, "streams")
-    pattern = _get(options, "streampattern")
+    raw_streams = get_option(options, "streams")
+    pattern = get_option(options, "streampattern")
     if (raw_streams is None) == (pattern is None):
         raise ConfigError(
             "give exactly one of the options streams ('a,b') and streamPattern (a regex)"
@@ -323,7 +328,7 @@ def parse_read_options(options: Mapping[str, str]) -> ReadOptions:
     if isinstance(ending, dict) and -2 in ending.values():
         raise ConfigError("option endingOffsets cannot use -2 (earliest) for a stream")
 
-    raw_timestamp = _get(options, "startingtimestamp")
+    raw_timestamp = get_option(options, "startingtimestamp")
     timestamp: int | None = None
     if raw_timestamp is not None:
         if starting is not None:

@@ -39,21 +39,21 @@ class DisklessLogDataSource(DataSource):
         return read_schema(columns=parse_read_options(self.options).columns)
 
     def reader(self, schema: StructType) -> BatchReader:
-        from .read import BatchReader  # noqa: PLC0415 - pyarrow only where reads happen
+        from .read import BatchReader  # noqa: PLC0415 - pyarrow.compute only for reads
 
         return BatchReader(parse_read_options(self.options), schema)
 
     def streamReader(self, schema: StructType) -> StreamReader:
-        from .stream import StreamReader  # noqa: PLC0415 - pyarrow only where reads happen
+        from .stream import StreamReader  # noqa: PLC0415 - pyarrow.compute only for reads
 
         return StreamReader(parse_read_options(self.options), schema)
 
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
-        from .write import BatchWriter  # noqa: PLC0415 - the write side loads on use
+        from .write import BatchWriter  # noqa: PLC0415 - pyarrow.compute only for writes
 
         return BatchWriter(self.options, schema, overwrite)
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
-        from .write import StreamWriter  # noqa: PLC0415 - the write side loads on use
+        from .write import StreamWriter  # noqa: PLC0415 - pyarrow.compute only for writes
 
         return StreamWriter(self.options, schema, overwrite)

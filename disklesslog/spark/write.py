@@ -48,11 +48,11 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from ..api import validate_stream_name
 from ..errors import ConfigError, DisklessLogError, InvalidStreamName
+from ..names import validate_stream_name
 from ..sequencers.base import TransactionResult
 from ..transactions import StagedPart, Stager
-from .options import LogOptions, _get, check_known, parse_log_options, parse_positive_int
+from .options import LogOptions, check_known, get_option, parse_log_options, parse_positive_int
 
 try:  # Spark 4.1+: streaming writers get Arrow batches too
     from pyspark.sql.datasource import DataSourceStreamArrowWriter as _StreamBase
@@ -80,20 +80,20 @@ class WriteOptions:
 
 def parse_write_options(options: Mapping[str, str]) -> WriteOptions:
     check_known(options, WRITE_OPTIONS, "write")
-    stream = _get(options, "stream")
+    stream = get_option(options, "stream")
     if stream is not None:
         try:
             validate_stream_name(stream)
         except InvalidStreamName as exc:
             raise ConfigError(f"option stream: {exc}") from None
-    query = _get(options, "queryid")
-    checkpoint = _get(options, "checkpointlocation")
+    query = get_option(options, "queryid")
+    checkpoint = get_option(options, "checkpointlocation")
     if query is None and checkpoint is not None:
         query = "checkpoint:" + checkpoint.rstrip("/")
     return WriteOptions(
         log=parse_log_options(options),
         stream=stream,
-        transaction_id=_get(options, "transactionid"),
+        transaction_id=get_option(options, "transactionid"),
         query=query,
         max_object_bytes=parse_positive_int(options, "maxobjectbytes"),
     )

@@ -1,6 +1,6 @@
 """Fault campaigns: writers, readers and maintenance against a log whose storage fails.
 
-One campaign opens a log on ``faulty://`` storage (:mod:`disklesslog.testing_faults`),
+One campaign opens a log on ``faulty://`` storage (:mod:`disklesslog.testing.faults`),
 then for some rounds appends through ``log.writer()``, ``Stream.append`` and
 ``Stream.append_batch``, reads every stream, and runs merging, compaction, retention
 and garbage collection, all while calls fail, lose their responses, time out and
@@ -27,7 +27,7 @@ import fsspec
 
 import disklesslog
 from disklesslog import AbstractLog
-from disklesslog.testing_faults import FaultyFileSystem
+from disklesslog.testing.faults import FaultyFileSystem
 
 from .rule import TYPED, VIOLATION, Ledger
 

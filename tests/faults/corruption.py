@@ -32,8 +32,8 @@ from unittest import mock
 
 import disklesslog
 from disklesslog import AbstractLog
-from disklesslog.objects.cache import BlockCache, default_cache
 from disklesslog.sequencers.objectstore import ObjectStoreSequencer
+from disklesslog.storage.cache import BlockCache, default_cache
 
 from .rule import (
     BAD,

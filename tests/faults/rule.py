@@ -51,7 +51,7 @@ def where(exc: BaseException) -> str:
     (``module.py:line in function``): where a fix belongs."""
     frames = traceback.extract_tb(exc.__traceback__)
     ours = [
-        f for f in frames if "/disklesslog/" in f.filename and "testing_faults" not in f.filename
+        f for f in frames if "/disklesslog/" in f.filename and "testing/faults" not in f.filename
     ]
     frame = (ours or frames or [None])[-1]
     if frame is None:

@@ -68,7 +68,7 @@ def objectstore_file(path: Path, options: dict[str, Any], request: Any) -> Made:
 
 
 def postgres_sequencer(path: Path, options: dict[str, Any], request: Any) -> Made:
-    from disklesslog.servers.postgres import drop_schema
+    from disklesslog.testing.servers.postgres import drop_schema
 
     server = request.getfixturevalue("postgres_server")
     schema = f"faults_{uuid.uuid4().hex[:12]}"

@@ -99,7 +99,7 @@ observations' round trips to the server); the slow run, 8 and 6 times as many (a
 def _postgres_subject(scratch: Path, server: str) -> Iterator[tuple[Subject, Path, Rows]]:
     """The PostgreSQL subject, its files' pristine copy, its rows saved; the model taken
     with both put back after. Its schema (and the rows' copy) are dropped on exit."""
-    from disklesslog.servers.postgres import drop_schema
+    from disklesslog.testing.servers.postgres import drop_schema
 
     schema = f"faults_{uuid.uuid4().hex[:16]}"
     work = scratch / "work"

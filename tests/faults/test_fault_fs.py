@@ -1,4 +1,4 @@
-"""The fault-injecting filesystem itself (:mod:`disklesslog.testing_faults`): each kind
+"""The fault-injecting filesystem itself (:mod:`disklesslog.testing.faults`): each kind
 of fault does what it says on each kind of call, faults are reproducible from the
 seed, counted, and reach other processes through the URL and its options."""
 
@@ -13,8 +13,8 @@ from typing import Any
 import fsspec
 import pytest
 
-from disklesslog.sequencers.conditional import put_if_absent
-from disklesslog.testing_faults import FaultyFileSystem, InjectedClientError
+from disklesslog.storage.conditional import put_if_absent
+from disklesslog.testing.faults import FaultyFileSystem, InjectedClientError
 
 TRANSIENT = (OSError, InjectedClientError)
 

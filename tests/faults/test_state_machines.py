@@ -64,7 +64,7 @@ def _objectstore(path: Path, request: pytest.FixtureRequest) -> Opener:
 
 
 def _postgres(path: Path, request: pytest.FixtureRequest) -> Opener:
-    from disklesslog.servers.postgres import drop_schema
+    from disklesslog.testing.servers.postgres import drop_schema
 
     server = request.getfixturevalue("postgres_server")
     schema = f"machines_{uuid.uuid4().hex[:12]}"

@@ -145,7 +145,7 @@ def test_writers_readers_and_maintainers_in_processes_for_longer(tmp_path: Path)
 def test_writers_readers_and_maintainers_sequenced_by_postgres(
     tmp_path: Path, postgres_server: str
 ) -> None:
-    from disklesslog.servers.postgres import drop_schema
+    from disklesslog.testing.servers.postgres import drop_schema
 
     schema = f"t_{uuid.uuid4().hex}"
     try:

@@ -56,7 +56,7 @@ def test_size_retention_keeps_at_least_the_limit(maintenance_factory) -> None:  
     before = _records(log, "s")
     report = log.apply_retention(now_ms=NOW)
     stream = log.stream("s")
-    units, tail = stream._retention_units()
+    units, tail = stream.retention_units()
     kept = sum(u.size for u in units) + tail
     assert kept >= 8_000
     if units:  # and not a unit more: without the oldest remaining one it would be below

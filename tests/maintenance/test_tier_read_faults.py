@@ -19,10 +19,10 @@ import pytest
 import disklesslog
 from disklesslog import CorruptDataError, DataLossError, StorageError
 from disklesslog.format import DEFAULT_MAX_BATCH_BYTES
-from disklesslog.objects.cache import configure_default_cache
-from disklesslog.segments import manifest as manifests
-from disklesslog.segments import tier as tier_module
 from disklesslog.segments.segment import PEEK, iter_entries
+from disklesslog.segments.tiering import manifest as manifests
+from disklesslog.segments.tiering import target as tier_module
+from disklesslog.storage.cache import configure_default_cache
 from disklesslog.testing import FaultyMemoryFileSystem
 
 NOW = 10_000_000

@@ -17,7 +17,7 @@ import pytest
 
 import disklesslog
 from disklesslog import StorageError
-from disklesslog.segments import manifest as manifests
+from disklesslog.segments.tiering import manifest as manifests
 from disklesslog.testing import FaultyMemoryFileSystem
 
 NOW = 10_000_000

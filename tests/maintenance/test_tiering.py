@@ -38,9 +38,10 @@ from disklesslog import (
     OffsetOutOfRange,
 )
 from disklesslog.cli import main
-from disklesslog.segments import layout, tiering
+from disklesslog.segments import layout
 from disklesslog.segments import log as segment_log
-from disklesslog.segments import manifest as manifests
+from disklesslog.segments.tiering import manifest as manifests
+from disklesslog.segments.tiering import operations as tiering
 from disklesslog.testing import FaultyMemoryFileSystem, create_bucket, s3_storage_options
 
 WORKERS = Path(__file__).with_name("tier_workers.py")
@@ -299,7 +300,7 @@ def test_retention_past_the_local_start_trims_both_parts(tmp_path: Path) -> None
     log.apply_retention(now_ms=NOW)
     stream = log.stream("s")
     start = stream.start_offset
-    units, tail = stream._retention_units()
+    units, tail = stream.retention_units()
     assert sum(u.size for u in units) + tail >= 3_000
     assert start == _local_start(stream)  # every tiered segment went, and local ones too
     assert _rows(stream) == ref[start:]
@@ -725,7 +726,7 @@ def _check_tier_consistent(path: Path, target: Target) -> None:
 
 
 TIERING_STEPS = ("_begin_copy", "_upload", "_finish_copy", "_delete_local_copies")
-"""The steps of a tiering run (``segments/tiering.py``) a kill is aimed at."""
+"""The steps of a tiering run (``segments/tiering/operations.py``) a kill is aimed at."""
 KILL_WINDOWS = [
     "_upload",
     "_finish_copy",

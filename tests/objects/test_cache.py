@@ -22,8 +22,8 @@ import disklesslog
 from disklesslog.errors import ConfigError
 from disklesslog.format import crc32c
 from disklesslog.metrics import Metrics
-from disklesslog.objects import cache as cache_module
-from disklesslog.objects.cache import (
+from disklesslog.storage import cache as cache_module
+from disklesslog.storage.cache import (
     BlockCache,
     configure_default_cache,
     default_cache,
@@ -979,3 +979,10 @@ def test_a_forked_child_does_not_wait_for_the_parents_loads() -> None:
     loader.join(5)
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
+
+
+def test_the_cache_keeps_its_earlier_public_name() -> None:
+    """``disklesslog.objects.cache`` was the cache's home, and the README named it."""
+    from disklesslog.objects.cache import configure_default_cache as earlier
+
+    assert earlier is configure_default_cache

@@ -25,12 +25,12 @@ import disklesslog
 from disklesslog import DataLossError, ProducerFenced
 from disklesslog.metrics import Metrics
 from disklesslog.objects.storage import ObjectStorage
-from disklesslog.sequencers.conditional import put_if_absent
 from disklesslog.sequencers.objectstore import ObjectStoreSequencer
-from disklesslog.servers.azurite import azure_storage_options
-from disklesslog.servers.gcs import gcs_storage_options  # before gcsfs: see its docstring
-from disklesslog.servers.s3 import s3_storage_options
+from disklesslog.storage.conditional import put_if_absent
 from disklesslog.testing import create_bucket
+from disklesslog.testing.servers.azurite import azure_storage_options
+from disklesslog.testing.servers.gcs import gcs_storage_options  # before gcsfs: see its docstring
+from disklesslog.testing.servers.s3 import s3_storage_options
 
 
 @dataclass(frozen=True)

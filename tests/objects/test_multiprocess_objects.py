@@ -37,7 +37,7 @@ def sequencer_for(request: pytest.FixtureRequest) -> Iterator[SequencerFor]:
     elif request.param == "objectstore":
         yield lambda path: "objectstore://"
     else:
-        from disklesslog.servers.postgres import drop_schema
+        from disklesslog.testing.servers.postgres import drop_schema
 
         server = request.getfixturevalue("postgres_server")
         schemas: list[str] = []

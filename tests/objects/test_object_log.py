@@ -18,9 +18,9 @@ from disklesslog import (
     ProducerFenced,
     StreamNotFound,
 )
-from disklesslog.objects.cache import BlockCache
 from disklesslog.sequencers.base import BatchToCommit, CommitResult
 from disklesslog.sequencers.memory import MemorySequencer
+from disklesslog.storage.cache import BlockCache
 from disklesslog.testing import FaultyMemoryFileSystem
 
 

@@ -19,9 +19,9 @@ import pytest
 
 import disklesslog
 from disklesslog import CorruptDataError, DataLossError, StorageError
-from disklesslog.objects.cache import BlockCache
 from disklesslog.sequencers.base import BatchPage
 from disklesslog.sequencers.memory import MemorySequencer
+from disklesslog.storage.cache import BlockCache
 from disklesslog.testing import FaultyMemoryFileSystem, create_bucket, s3_storage_options
 
 STREAMS = ("a", "b", "c")

@@ -38,9 +38,9 @@ from disklesslog.segments.layout import (
     encode_json,
     segment_name,
 )
-from disklesslog.segments.manifest import MANIFEST, Manifest
 from disklesslog.segments.segment import CHECK, iter_entries
 from disklesslog.segments.store import StreamStore
+from disklesslog.segments.tiering.manifest import MANIFEST, Manifest
 
 
 @pytest.fixture(autouse=True)

@@ -34,12 +34,12 @@ from disklesslog.errors import (
 from disklesslog.sequencers import (
     BatchToCommit,
     objectstore_format,
-    objectstore_storage,
     open_sequencer,
 )
 from disklesslog.sequencers import objectstore as objectstore_module
-from disklesslog.sequencers.conditional import put_if_absent
 from disklesslog.sequencers.objectstore import ObjectStoreSequencer
+from disklesslog.storage import store as store_module
+from disklesslog.storage.conditional import put_if_absent
 from disklesslog.testing import FaultyMemoryFileSystem
 
 
@@ -318,7 +318,7 @@ def test_conflict_after_max_attempts_applies_nothing(
 ) -> None:
     seq = open_local(local_root, max_attempts=3)
     seq.create_stream("s", {})
-    monkeypatch.setattr(objectstore_storage, "put_if_absent", lambda fs, path, data: False)
+    monkeypatch.setattr(store_module, "put_if_absent", lambda fs, path, data: False)
     with pytest.raises(SequencerConflict, match="3 times"):
         seq.commit("o1", [batch("s")])
     monkeypatch.undo()

@@ -43,7 +43,7 @@ from disklesslog.sequencers.postgres import (
     validate_schema_name,
 )
 from disklesslog.sequencers.rows import row_crc
-from disklesslog.servers.postgres import drop_schema
+from disklesslog.testing.servers.postgres import drop_schema
 
 pytestmark = pytest.mark.postgres
 

@@ -402,7 +402,7 @@ def database(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Databas
     if request.param == "sqlite":
         found = _sqlite_database(tmp_path / "meta.db")
     else:
-        from disklesslog.servers.postgres import drop_schema
+        from disklesslog.testing.servers.postgres import drop_schema
 
         url = request.getfixturevalue("postgres_server")
         schema = f"t_{uuid.uuid4().hex}"

@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 
 import disklesslog
-from disklesslog.servers.s3 import s3_storage_options
 from disklesslog.testing import create_bucket
+from disklesslog.testing.servers.s3 import s3_storage_options
 
 SparkLog = Any  # tests/spark/conftest.py's SparkLog: url, options, open()
 

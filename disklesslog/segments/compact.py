@@ -51,12 +51,12 @@ from ..maintenance.compaction import (
 )
 from ..maintenance.report import MaintenanceReport, Progress
 from ..records import RecordBatch
+from ..storage.atomic import fsync_directory
 from . import swap
 from .layout import (
     INDEX_SUFFIX,
     TIMEINDEX_SUFFIX,
     close_quietly,
-    fsync_directory,
     segment_name,
 )
 from .segment import DECODE, ENTRY_PREFIX, ENTRY_PREFIX_SIZE, Segment, SegmentReplaced, iter_entries

@@ -108,5 +108,5 @@ def check_gcsfs_import() -> None:
             f"gcsfs was imported with {ZB_HNS_VARIABLE} enabled ({filesystem.__name__}), so "
             "each bucket access waits 60 s on a gRPC probe the GCS emulator cannot answer: "
             f"set {ZB_HNS_VARIABLE}=false in the environment, or import "
-            "disklesslog.servers.gcs before gcsfs"
+            "disklesslog.testing.servers.gcs before gcsfs"
         )

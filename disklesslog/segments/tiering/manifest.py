@@ -37,9 +37,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..errors import CorruptDataError
-from ..format import crc32c
-from .layout import close_quietly, fsync_directory
+from ...errors import CorruptDataError
+from ...format import crc32c
+from ...storage.atomic import TEMPORARY_INFIX, replace_file
 
 __all__ = [
     "COPYING",
@@ -56,7 +56,7 @@ __all__ = [
 
 MANIFEST = "tier.manifest"
 """File name of the manifest in a stream directory."""
-_TEMP_PREFIX = MANIFEST + ".tmp-"
+_TEMP_PREFIX = MANIFEST + TEMPORARY_INFIX
 _HEADER = struct.Struct("<4sII")  # magic, CRC-32C of the body, body length
 _MAGIC = b"DLTM"
 _VERSION = 1
@@ -324,23 +324,7 @@ def save(directory: Path, manifest: Manifest, *, sync: bool) -> None:
         if name.startswith(_TEMP_PREFIX):
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(directory / name)
-    temporary = directory / f"{_TEMP_PREFIX}{secrets.token_hex(8)}"
-    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-    try:
-        data = manifest.encode()
-        if os.write(fd, data) != len(data):
-            raise OSError(f"short write to {temporary}")
-        if sync:
-            os.fsync(fd)
-    except BaseException:
-        close_quietly(fd)
-        with contextlib.suppress(OSError):
-            os.unlink(temporary)
-        raise
-    os.close(fd)
-    os.replace(temporary, directory / MANIFEST)
-    if sync:
-        fsync_directory(directory)
+    replace_file(directory / MANIFEST, manifest.encode(), sync=sync, mode=0o644)
 
 
 class ManifestCache:

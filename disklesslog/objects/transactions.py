@@ -41,12 +41,12 @@ class ObjectStager(Stager):
     _log: ObjectLog
 
     def _config_for(self, stream: str) -> StreamConfig:
-        return self._log._stream_config(stream, create=False) or self._log.stream_defaults
+        return self._log.stream_config(stream, create=False) or self._log.stream_defaults
 
     def _store(self, data: bytes) -> str:
         key = self._log.storage.new_key(STAGED)
         self._log.storage.put(key, data)
-        self._log._metrics.add("staged_objects")
+        self._log.storage.metrics.add("staged_objects")
         return key
 
 
@@ -68,8 +68,8 @@ def commit_transaction(
                 "garbage collection may have deleted it. Stage the data again"
             )
     for stream in sorted({b.stream for obj in objects for b in obj.batches}):
-        if log._stream_config(stream, create=False) is None:
-            log._ensure_stream(stream, None)
+        if log.stream_config(stream, create=False) is None:
+            log.ensure_stream(stream, None)
     pairs = [(obj.key, list(obj.batches)) for obj in objects]
     error: BaseException | None = None
     for attempt in range(1, COMMIT_ATTEMPTS + 1):
@@ -83,10 +83,10 @@ def commit_transaction(
         except Exception as exc:  # outcome unknown: the id makes a retry safe
             error = exc
         else:
-            log._metrics.observe("commit", time.monotonic() - started)
-            log._metrics.add("committed_transactions")
+            log.storage.metrics.observe("commit", time.monotonic() - started)
+            log.storage.metrics.add("committed_transactions")
             return result
-        log._metrics.add("commit_errors")
+        log.storage.metrics.add("commit_errors")
         time.sleep(_RETRY_DELAY * 2 ** (attempt - 1) * (0.5 + random.random()))
     raise TransactionError(
         f"transaction {txn!r} could not be committed in {COMMIT_ATTEMPTS} attempts "
@@ -100,4 +100,4 @@ def abort_transaction(log: ObjectLog, parts: Iterable[StagedPart]) -> None:
     (an object a commit already made live stays: ``record_orphan`` never deletes one)."""
     for obj in check_parts(log.url, parts):
         log.sequencer.record_orphan(obj.key)
-        log._metrics.add("orphaned_objects")
+        log.storage.metrics.add("orphaned_objects")

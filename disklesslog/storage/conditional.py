@@ -25,11 +25,10 @@ import secrets
 import threading
 from typing import Any
 
-from fsspec.implementations.memory import MemoryFileSystem
-
 from ..errors import SequencerError
+from .filesystems import is_local, is_memory
 
-__all__ = ["is_local", "put_if_absent"]
+__all__ = ["put_if_absent"]
 
 _MEMORY_LOCK = threading.Lock()
 
@@ -43,7 +42,7 @@ def put_if_absent(fs: Any, path: str, data: bytes) -> bool:
     """
     if is_local(fs):
         return _link_into_place(path, data)
-    if isinstance(fs, MemoryFileSystem):
+    if is_memory(fs):
         with _MEMORY_LOCK:
             if fs.exists(path):
                 return False
@@ -54,12 +53,6 @@ def put_if_absent(fs: Any, path: str, data: bytes) -> bool:
     except FileExistsError:
         return False
     return True
-
-
-def is_local(fs: Any) -> bool:
-    """Whether ``fs`` is the local filesystem (where renames and hard links are atomic)."""
-    protocol = fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,)
-    return "file" in protocol or "local" in protocol
 
 
 def _link_into_place(path: str, data: bytes) -> bool:

@@ -40,23 +40,23 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from ..config import StreamConfig
-from ..errors import CorruptDataError, OffsetOutOfRange
-from ..format import crc32c
-from ..maintenance.grace import resolve_grace
-from ..maintenance.report import MaintenanceReport, Progress
-from ..maintenance.retention import retention_point
+from ...config import StreamConfig
+from ...errors import CorruptDataError, OffsetOutOfRange
+from ...format import crc32c
+from ...maintenance.grace import resolve_grace
+from ...maintenance.report import MaintenanceReport, Progress
+from ...maintenance.retention import retention_point
+from ..index import OFFSET_ENTRY, TIME_ENTRY
+from ..layout import STREAMS, close_quietly
+from ..segment import CHECK, Segment
+from ..store import Snapshot, StreamStore
 from . import manifest as manifests
-from .index import OFFSET_ENTRY, TIME_ENTRY
-from .layout import STREAMS, close_quietly
 from .manifest import COPYING, TIERED, Manifest, TieredObject, TieredSegment
-from .segment import CHECK, Segment
-from .store import Snapshot, StreamStore
-from .tier import STREAMS_PREFIX, Tier
-from .tiered import TieredReader, local_units, make_view
+from .reader import TieredReader, local_units, make_view
+from .target import STREAMS_PREFIX, Tier
 
 if TYPE_CHECKING:
-    from .log import SegmentLog
+    from ..log import SegmentLog
 
 __all__ = ["Tally", "collect_garbage", "tier_stream", "trim_stream"]
 
@@ -137,7 +137,7 @@ def tier_stream(
     report = MaintenanceReport(_TASK, dry_run=dry_run)
 
     def run(store: StreamStore) -> None:
-        config = log._read_config(name)  # local_retention_* may be altered at any time
+        config = log.read_config(name)  # local_retention_* may be altered at any time
         if config.compacted:
             report.skipped.append(
                 f"{name}: cleanup_policy={config.cleanup_policy!r}: compacted streams are "
@@ -149,7 +149,7 @@ def tier_stream(
             store, config, name, report, dry_run=dry_run, now_ms=now_ms, planned=planned
         )
 
-    log._with_store(name, run, create=False)
+    log.with_store(name, run, create=False)
     return report
 
 
@@ -446,7 +446,7 @@ def _collect_doomed(
 ) -> None:
     """Delete the objects a stream's manifest lists as garbage since before the cutoff,
     then drop them from the list (a crash in between deletes them again: harmless)."""
-    manifest = manifests.load(log._stream_dir(name))
+    manifest = manifests.load(log.stream_dir(name))
     if manifest is None:
         return
     live = {key for seg in manifest.segments for key in seg.object_keys()}
@@ -472,7 +472,7 @@ def _collect_doomed(
             current.garbage = [item for item in current.garbage if item.key not in deleted]
             manifests.save(store.directory, current, sync=store.durable)
 
-    log._with_store(name, forget, create=False)
+    log.with_store(name, forget, create=False)
 
 
 def _reconcile(

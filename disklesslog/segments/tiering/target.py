@@ -12,16 +12,17 @@ segments: a second log is refused instead.
 
 Objects are written once under content-addressed keys (``docs/format.md`` 2.8), and a
 write counts only when it is read back with the expected size and CRC-32C. Reads go
-through the process-wide :class:`~disklesslog.objects.cache.BlockCache`, like the
+through the process-wide :class:`~disklesslog.storage.cache.BlockCache`, like the
 object backend's, so a tiered segment is fetched at most once per process while hot;
 its readers check what they get and confirm or discard it
-(:mod:`~disklesslog.segments.tiered`). Every request (GET, HEAD, LIST, PUT, DELETE, the
-owner marker's conditional create) is retried with the object backend's policy
-(:mod:`disklesslog.retries`): failures count in ``tier_put_errors``, ``tier_get_errors``
-and ``tier_delete_errors``, the last one is raised as :class:`~disklesslog.StorageError`
-whatever the client raised, a missing object that a manifest lists is
-:class:`~disklesslog.DataLossError` at once, and a missing object being deleted is
-success.
+(:mod:`~disklesslog.segments.tiering.reader`). Requests go through the storage layer
+(:class:`~disklesslog.storage.store.ObjectStore`), so every one (GET, HEAD, LIST, PUT,
+DELETE, the owner marker's conditional create) is retried with the object backend's
+policy (:mod:`disklesslog.retries`): failures count in ``tier_put_errors``,
+``tier_get_errors`` and ``tier_delete_errors``, the last one is raised as
+:class:`~disklesslog.StorageError` whatever the client raised, a missing object that a
+manifest lists is :class:`~disklesslog.DataLossError` at once, and a missing object
+being deleted is success.
 """
 
 from __future__ import annotations
@@ -34,27 +35,20 @@ import logging
 import os
 import secrets
 import threading
-import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any
 
-from ..errors import (
-    ConfigError,
-    CorruptDataError,
-    DataLossError,
-    DisklessLogError,
-    InvalidURL,
-    StorageError,
-)
-from ..format import crc32c
-from ..markers import MARKER, check_marker
-from ..metrics import Metrics
-from ..retries import ATTEMPTS, pause, retrying
-from .layout import TMP, encode_json, fsync_directory, read_json
-
-if TYPE_CHECKING:
-    from ..objects.cache import BlockCache
+from ...errors import ConfigError, CorruptDataError, DataLossError, InvalidURL, StorageError
+from ...format import crc32c
+from ...markers import MARKER, check_marker
+from ...metrics import Metrics
+from ...retries import retrying
+from ...storage.atomic import fsync_directory, replace_file
+from ...storage.cache import default_cache
+from ...storage.filesystems import is_memory, open_filesystem
+from ...storage.store import ObjectStore
+from ..layout import TMP, encode_json, read_json
 
 __all__ = ["CONFIG_FILE", "STREAMS_PREFIX", "Tier", "configure_tier", "persisted_tier_url"]
 
@@ -62,8 +56,6 @@ log = logging.getLogger("disklesslog")
 
 CONFIG_FILE = "tier.json"
 """In the log directory: the tier URL and the log's id, written once."""
-# fsspec, the block cache and the object storage helpers are imported where a tier is
-# first used: a local log that never tiers does not load them.
 KIND = "disklesslog-tier"
 VERSION = 1
 """Of the owner marker at the tier location."""
@@ -73,7 +65,6 @@ STREAMS_PREFIX = "streams"
 """Folder (key prefix) of every tiered object under the tier URL."""
 CHUNK = 8 << 20
 """Bytes per read and write when streaming a segment up or reading it back."""
-T = TypeVar("T")
 
 
 # ------------------------------------------------------------ configuration
@@ -238,47 +229,32 @@ class Tier:
         self.metrics = metrics
         self._storage_options = storage_options
         self._lock = threading.Lock()
-        self._connected: tuple[Any, str] | None = None
-        self._local = self._memory = False  # set by connect()
+        self._objects: ObjectStore | None = None
         self._owner_checked = False
 
     def __repr__(self) -> str:
         return f"Tier({self.url!r})"
 
-    def connect(self) -> tuple[Any, str]:
-        """The filesystem client and root, opened on first use: a bad URL raises
-        :class:`InvalidURL`, a missing client library :class:`MissingDependencyError`.
-        (A process opening a tiered log needs no client until it reads a tiered
-        segment or runs tiering.)"""
+    def connect(self) -> ObjectStore:
+        """The tier's objects, their filesystem client opened on first use: a bad URL
+        raises :class:`InvalidURL`, a missing client library
+        :class:`MissingDependencyError`. (A process opening a tiered log needs no client
+        until it reads a tiered segment or runs tiering.)"""
         with self._lock:
-            if self._connected is None:
-                from fsspec.implementations.memory import MemoryFileSystem  # noqa: PLC0415
-
-                from ..objects.storage import open_filesystem  # noqa: PLC0415 - on first use
-
+            if self._objects is None:
                 fs, root = open_filesystem(self.url, self._storage_options)
-                protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
-                self._local = protocol in ("file", "local")
-                self._memory = isinstance(fs, MemoryFileSystem)
-                self._connected = fs, root
-            return self._connected
+                self._objects = ObjectStore(fs, root, self.metrics, url=self.url, prefix="tier_")
+            return self._objects
+
+    @property
+    def objects(self) -> ObjectStore:
+        """The tier's objects (:meth:`connect`)."""
+        return self._objects or self.connect()
 
     @property
     def local_path(self) -> str | None:
         """The tier's root as a local directory, if it is one."""
-        root = self.root
-        return root if self._local else None
-
-    @property
-    def fs(self) -> Any:
-        return (self._connected or self.connect())[0]
-
-    @property
-    def root(self) -> str:
-        return (self._connected or self.connect())[1]
-
-    def path(self, key: str) -> str:
-        return f"{self.root}/{key}"
+        return self.objects.local_root()
 
     def object_url(self, key: str) -> str:
         """How messages and the block cache name an object."""
@@ -292,26 +268,17 @@ class Tier:
         unclaimed one as this log's. Checked once per process."""
         if self._owner_checked:
             return
-        marker = self.path(MARKER)
-        raw = self._read_marker(marker)
+        raw = self.objects.get(MARKER)
         if raw is None:
             if not (claim and log_id):
                 return
             data = json.dumps({"format": KIND, "version": VERSION, "log_id": log_id}) + "\n"
-            from ..sequencers.conditional import put_if_absent  # noqa: PLC0415 - rare
-
             # A retry after a lost response finds the marker there: it is then read
             # back and checked like anyone else's, and found to be this log's.
-            created = retrying(
-                functools.partial(put_if_absent, self.fs, marker, data.encode()),
-                f"could not store {self.object_url(MARKER)}",
-                metrics=self.metrics,
-                counter="tier_put_errors",
-            )
-            if created:
+            if self.objects.put_if_absent(MARKER, data.encode()):
                 self._owner_checked = True
                 return
-            raw = self._read_marker(marker)
+            raw = self.objects.get(MARKER)
             if raw is None:
                 raise StorageError(f"{self.object_url(MARKER)} exists and then does not: retry")
         check_marker(raw, kind=KIND, version=VERSION, where=self.url)
@@ -322,19 +289,6 @@ class Tier:
                 "give every log a tier prefix of its own"
             )
         self._owner_checked = True
-
-    def _read_marker(self, path: str) -> bytes | None:
-        try:
-            return bytes(self._retrying(lambda: self.fs.cat_file(path), f"could not read {path}"))
-        except FileNotFoundError:
-            return None
-
-    def _retrying(self, call: Callable[[], T], what: str, counter: str = "tier_get_errors") -> T:
-        """A request that reads (GET, HEAD, LIST) or deletes, retried (failures count in
-        ``counter``); ``FileNotFoundError`` propagates at once."""
-        return retrying(
-            call, what, metrics=self.metrics, counter=counter, final=(FileNotFoundError,)
-        )
 
     # ---------------------------------------------------------------- writes
 
@@ -357,7 +311,6 @@ class Tier:
         """
         if self.checksum(key, size) == (size, crc):
             return False
-        problem: BaseException | None = None
         reported = 0  # bytes told to progress: a retry reports only what goes beyond
 
         def sent(count: int, total: list[int]) -> None:
@@ -367,28 +320,28 @@ class Tier:
                 progress(total[0] - reported)
                 reported = total[0]
 
-        for attempt in range(1, ATTEMPTS + 1):
-            try:
-                self._upload(key, data, size, functools.partial(sent, total=[0]))
-                found = self.checksum(key, size)
-                if found == (size, crc):
-                    self.metrics.add("tier_puts")
-                    self.metrics.add("tier_put_bytes", size)
-                    return True
-                problem = OSError(
+        def attempt() -> None:
+            self._upload(key, data, size, functools.partial(sent, total=[0]))
+            found = self.checksum(key, size)
+            if found != (size, crc):
+                raise OSError(
                     f"{self.object_url(key)} reads back as {found} (size, crc32c), "
                     f"expected {(size, crc)}"
                 )
-            except DisklessLogError:
-                raise
-            except Exception as exc:  # clients raise their own transient errors
-                problem = exc
-            self.metrics.add("tier_put_errors")
-            if attempt < ATTEMPTS:
-                pause(attempt)
-        raise StorageError(
-            f"could not store {self.object_url(key)} after {ATTEMPTS} attempts: {problem}"
-        ) from problem
+
+        retrying(
+            attempt,
+            f"could not store {self.object_url(key)}",
+            metrics=self.metrics,
+            counter="tier_put_errors",
+            attempts=self.objects.attempts,
+            delay=self.objects.retry_delay,
+            deadline=self.objects.retry_deadline,
+            url=self.url,
+        )
+        self.metrics.add("tier_puts")
+        self.metrics.add("tier_put_bytes", size)
+        return True
 
     def _upload(
         self, key: str, data: bytes | int, size: int, progress: Callable[[int], None]
@@ -397,15 +350,16 @@ class Tier:
         upload, completed only on success) is atomic; on a local or network disk the
         bytes go to a temporary file that is synced and renamed into place; fsspec's
         memory files are visible while written, so they get the whole bytes at once."""
-        path = self.path(key)
-        if self._local:
+        objects = self.objects
+        path = objects.path(key)
+        if objects.local_root() is not None:
             self._write_local(path, data, size, progress, sync=self.sync)
-        elif isinstance(data, bytes) or self._memory:
+        elif isinstance(data, bytes) or is_memory(objects.fs):
             whole = data if isinstance(data, bytes) else _pread_all(data, size)
-            self.fs.pipe_file(path, whole)
+            objects.fs.pipe_file(path, whole)
             progress(len(whole))
         else:
-            out = self.fs.open(path, "wb")
+            out = objects.fs.open(path, "wb")
             try:
                 for chunk in _chunks(data, size):
                     out.write(chunk)
@@ -421,43 +375,29 @@ class Tier:
     def _write_local(
         path: str, data: bytes | int, size: int, progress: Callable[[int], None], *, sync: bool
     ) -> None:
-        directory = os.path.dirname(path)
-        os.makedirs(directory, exist_ok=True)
-        temporary = f"{path}.tmp-{secrets.token_hex(8)}"
-        try:
-            with open(temporary, "xb") as out:
-                for chunk in [data] if isinstance(data, bytes) else _chunks(data, size):
-                    out.write(chunk)
-                    progress(len(chunk))
-                out.flush()
-                if sync:
-                    os.fsync(out.fileno())
-            os.replace(temporary, path)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(temporary)
-            raise
-        if sync:
-            fsync_directory(Path(directory))
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        chunks = [data] if isinstance(data, bytes) else _chunks(data, size)
+        replace_file(path, _reporting(chunks, progress), sync=sync)
 
     def checksum(self, key: str, expected_size: int) -> tuple[int, int] | None:
         """``(size, crc32c)`` of the object as stored, read back in full (requests
         retried); ``None`` if it is missing. An object of another size is not read (its
         CRC is then 0)."""
-        path = self.path(key)
+        objects = self.objects
+        path = objects.path(key)
         what = f"could not read back {self.object_url(key)}"
         with contextlib.suppress(Exception):
-            self.fs.invalidate_cache(path)
+            objects.fs.invalidate_cache(path)
         crc, position = 0, 0
         try:
-            size = int(self._retrying(functools.partial(self.fs.info, path), what)["size"])
+            size = int(objects.request(functools.partial(objects.fs.info, path), what)["size"])
             if size != expected_size:
                 return size, 0
             while position < size:
                 get = functools.partial(
-                    self.fs.cat_file, path, start=position, end=min(size, position + CHUNK)
+                    objects.fs.cat_file, path, start=position, end=min(size, position + CHUNK)
                 )
-                chunk = bytes(self._retrying(get, what))
+                chunk = bytes(objects.request(get, what))
                 if not chunk:
                     break
                 crc = crc32c(chunk, crc)
@@ -470,63 +410,27 @@ class Tier:
         """Delete objects, retrying failures (counted in ``tier_delete_errors``); returns
         how many existed. Deleting is idempotent: a missing object (deleted by another
         run, or by an earlier attempt whose response was lost) is not an error."""
-        deleted = 0
-        for key in keys:
-            try:
-                self._retrying(
-                    functools.partial(self.fs.rm_file, self.path(key)),
-                    f"could not delete {self.object_url(key)}",
-                    "tier_delete_errors",
-                )
-            except FileNotFoundError:
-                continue
-            deleted += 1
-            self.metrics.add("tier_deletes")
-        return deleted
+        return self.objects.delete(keys)
 
     def list_objects(self) -> list[tuple[str, float | None]]:
         """``(key, modified time in seconds or None)`` of every object under
         ``streams/``: what garbage collection reconciles against the manifests."""
-        prefix = self.path(STREAMS_PREFIX)
-        with contextlib.suppress(Exception):
-            self.fs.invalidate_cache(prefix)
-        try:
-            found = self._retrying(
-                lambda: self.fs.find(prefix, detail=True), f"could not list {prefix}"
-            )
-        except FileNotFoundError:
-            return []
-        root = self.root.strip("/")
-        result = []
-        for path, info in found.items():
-            relative = str(path).strip("/")
-            if info.get("type", "file") == "file" and relative.startswith(root + "/"):
-                result.append((relative[len(root) + 1 :], _modified(info)))
-        return sorted(result)
+        listed = self.objects.listing(STREAMS_PREFIX)
+        return sorted((key, _modified(info)) for key, info in listed.items())
 
     # ----------------------------------------------------------------- reads
 
     def get_range(self, key: str, start: int, end: int) -> bytes:
         """Bytes ``[start, end)`` of an object, retrying failed GETs; a missing one is
         :class:`DataLossError` at once."""
-        path = self.path(key)
-
-        def attempt() -> bytes:
-            started = time.monotonic()
-            data = self.fs.cat_file(path, start=start, end=end)
-            self.metrics.observe("tier_get", time.monotonic() - started)
-            return bytes(data)
-
-        try:
-            data = self._retrying(attempt, f"could not read {self.object_url(key)}")
-        except FileNotFoundError:
+        data = self.objects.get_range(key, start, end)
+        if data is None:
             raise DataLossError(
                 f"tiered object {self.object_url(key)} is missing although the stream's "
                 "manifest lists it (deleted by hand, or garbage collection ran with too "
                 "short a grace period); the records in it are lost",
                 source=self.object_url(key),
-            ) from None
-        self.metrics.add("tier_get_bytes", len(data))
+            )
         return data
 
     def read(self, key: str, start: int, end: int, *, refresh: bool = False) -> bytes:
@@ -537,7 +441,7 @@ class Tier:
         def fetch(range_start: int, range_end: int) -> bytes:
             return self.get_range(key, range_start, range_end)
 
-        return _cache().read(
+        return default_cache().read(
             self.object_url(key),
             start,
             end,
@@ -550,19 +454,12 @@ class Tier:
     def confirm(self, key: str, start: int, end: int) -> None:
         """Bytes ``[start, end)`` of a tiered object passed their checks: the cache may
         keep the blocks holding them on disk."""
-        _cache().confirm(self.object_url(key), start, end)
+        default_cache().confirm(self.object_url(key), start, end)
 
     def discard(self, key: str, start: int, end: int) -> None:
         """Bytes ``[start, end)`` of a tiered object failed their checks: drop them from
         the cache."""
-        _cache().invalidate(self.object_url(key), start, end)
-
-
-def _cache() -> BlockCache:
-    """The process-wide block cache (its module loads with the first tiered read)."""
-    from ..objects.cache import default_cache  # noqa: PLC0415 - only for tiered reads
-
-    return default_cache()
+        default_cache().invalidate(self.object_url(key), start, end)
 
 
 def _chunks(fd: int, size: int) -> Iterator[bytes]:
@@ -574,6 +471,14 @@ def _chunks(fd: int, size: int) -> Iterator[bytes]:
             raise OSError(f"the file ends at byte {position}, expected {size} bytes")
         yield chunk
         position += len(chunk)
+
+
+def _reporting(chunks: Iterable[bytes], progress: Callable[[int], None]) -> Iterator[bytes]:
+    """``chunks``, passing each one's size to ``progress`` once it was written (when
+    the writer asks for the next)."""
+    for chunk in chunks:
+        yield chunk
+        progress(len(chunk))
 
 
 def _pread_all(fd: int, size: int) -> bytes:

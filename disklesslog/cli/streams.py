@@ -1,0 +1,169 @@
+"""``streams`` and ``describe``: what a log holds, per stream (extent, size, config,
+segments or objects), as text or JSON."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from ..api import StreamInfo
+from .common import EXIT_OK
+from .logs import open_log
+
+__all__ = ["add_commands", "describe_dict", "describe_lines"]
+
+
+def add_commands(commands: Any, log_options: argparse.ArgumentParser) -> None:
+    """Register ``streams`` and ``describe`` on ``commands`` (argparse subparsers)."""
+    streams = commands.add_parser(
+        "streams", parents=[log_options], help="list the streams of a log, one per line"
+    )
+    streams.add_argument("url", metavar="URL")
+    streams.set_defaults(handler=_cmd_streams)
+
+    describe = commands.add_parser(
+        "describe",
+        parents=[log_options],
+        help="show a stream's extent, config, segments; or every stream's size",
+        description="With STREAM: its extent, config and segments (local) or objects. "
+        "Without: one line per stream with its records, bytes and segment or object count.",
+    )
+    describe.add_argument("url", metavar="URL")
+    describe.add_argument("stream", metavar="STREAM", nargs="?")
+    describe.add_argument("--json", action="store_true", help="print one JSON object")
+    describe.set_defaults(handler=_cmd_describe)
+
+
+def _cmd_streams(args: argparse.Namespace) -> int:
+    with open_log(args, create=False) as log:
+        names = log.streams()
+    for name in names:
+        print(name)
+    return EXIT_OK
+
+
+def _cmd_describe(args: argparse.Namespace) -> int:
+    if args.stream is None:
+        return _describe_log(args)
+    with open_log(args, create=False) as log:
+        info = log.stream(args.stream).info()
+    if args.json:
+        print(json.dumps(describe_dict(info), indent=2, default=str))
+    else:
+        print("\n".join(describe_lines(info)))
+    return EXIT_OK
+
+
+def _describe_log(args: argparse.Namespace) -> int:
+    """``describe URL``: every stream's extent and size, and how many segments or objects
+    hold it, with a total line."""
+    with open_log(args, create=False) as log:
+        infos = [log.stream(name).info() for name in log.streams()]
+    rows = []
+    for info in infos:
+        parts = info.details.get("objects", len(info.details.get("segments", [])))
+        rows.append(
+            {
+                "stream": info.name,
+                "start_offset": info.start_offset,
+                "end_offset": info.end_offset,
+                "records": info.end_offset - info.start_offset,
+                "bytes": info.size_bytes,
+                "objects" if "objects" in info.details else "segments": parts,
+            }
+        )
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return EXIT_OK
+    unit = "objects" if any("objects" in r for r in rows) else "segments"
+    total = ["(total)", "", "", sum(r["records"] for r in rows), sum(r["bytes"] for r in rows)]
+    lines = _table(
+        [unit, "start", "end", "records", "bytes", "stream"],
+        [
+            [
+                r.get(unit, 0),
+                r["start_offset"],
+                r["end_offset"],
+                r["records"],
+                r["bytes"],
+                r["stream"],
+            ]
+            for r in rows
+        ]
+        + [["", *total[1:], total[0]]],
+    )
+    print("\n".join(lines) if rows else "no streams")
+    held = [info.name for info in infos if info.details.get("pending_transactions")]
+    if held:
+        print(
+            f"held back by a two-phase commit in progress or interrupted: {', '.join(held)} "
+            "(`describe URL STREAM` shows it; docs/operations.md, section 7)"
+        )
+    return EXIT_OK
+
+
+def describe_dict(info: StreamInfo) -> dict[str, Any]:
+    """``describe --json``: the extent, config and (local backend) segments of a stream."""
+    details = dict(info.details)
+    segments = details.pop("segments", [])
+    facts = {
+        "stream": info.name,
+        "start_offset": info.start_offset,
+        "end_offset": info.end_offset,
+        "records": info.end_offset - info.start_offset,
+        "bytes": info.size_bytes,
+        "config": info.config.to_dict(),
+        "segments": segments,
+        "details": details,
+    }
+    if "tiered" in details:  # a local stream with segments in object storage
+        facts["tiered"] = details.pop("tiered")
+    return facts
+
+
+def describe_lines(info: StreamInfo) -> list[str]:
+    """``describe``: a human-readable block; segments as an aligned table."""
+    facts = describe_dict(info)
+    lines = [f"{label:<13} {facts[key]}" for label, key in _DESCRIBE_FIELDS]
+    lines += [f"{key + ':':<13} {value}" for key, value in facts["details"].items()]
+    lines.append("config:")
+    width = max(map(len, facts["config"]))
+    lines += [f"  {key:<{width}}  {value}" for key, value in facts["config"].items()]
+    if "segments" in info.details:  # the local backend
+        lines.append(f"segments:     {len(facts['segments'])}")
+    if facts["segments"]:
+        lines += _table(
+            ["base offset", "end offset", "bytes", "file"],
+            [[s["base_offset"], s["end_offset"], s["bytes"], s["file"]] for s in facts["segments"]],
+        )
+    if "tiered" in facts:
+        lines.append(f"tiered:       {len(facts['tiered'])}")
+        if facts["tiered"]:
+            lines += _table(
+                ["base offset", "end offset", "bytes", "state", "object"],
+                [
+                    [s["base_offset"], s["end_offset"], s["bytes"], s["state"], s["object"]]
+                    for s in facts["tiered"]
+                ],
+            )
+    return lines
+
+
+_DESCRIBE_FIELDS = [
+    ("stream:", "stream"),
+    ("start offset:", "start_offset"),
+    ("end offset:", "end_offset"),
+    ("records:", "records"),
+    ("bytes:", "bytes"),
+]
+
+
+def _table(header: list[str], rows: list[list[Any]]) -> list[str]:
+    """Right-aligned numbers, left-aligned last column, two spaces of indent."""
+    cells = [header, *([str(cell) for cell in row] for row in rows)]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(header))]
+    return [
+        "  " + "  ".join(c.rjust(w) for c, w in zip(row[:-1], widths)) + "  " + row[-1]
+        for row in cells
+    ]
