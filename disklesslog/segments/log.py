@@ -45,7 +45,6 @@ from ..config import StreamConfig, require_keys
 from ..errors import (
     ConfigError,
     CorruptDataError,
-    DisklessLogError,
     OffsetOutOfRange,
     StreamExistsError,
     StreamNotFound,
@@ -57,7 +56,7 @@ from ..maintenance.report import MaintenanceReport, Progress
 from ..maintenance.retention import Unit
 from ..metrics import Metrics
 from ..names import validate_group_name, validate_stream_name
-from ..oserrors import as_storage_error, typed_os_errors
+from ..oserrors import typed_os_errors
 from ..projection import COLUMNS, OFFSETS, Part, Projection
 from ..records import RecordBatch, limit_records
 from ..sequencers.base import TransactionResult
@@ -88,6 +87,7 @@ from .tiering.reader import TieredReader, local_units, make_view
 from .tiering.target import CONFIG_FILE as TIER_CONFIG
 from .tiering.target import Tier, check_tier, configure_tier
 from .transactions import SegmentStager
+from .writer import SegmentWriter
 
 __all__ = ["SegmentLog", "SegmentStream"]
 
@@ -1009,47 +1009,6 @@ class SegmentStream(Stream):
         return report
 
 
-@typed_os_errors(also=("_config_for",))
-class SegmentWriter(Writer):
-    """A :class:`~disklesslog.writer.Writer` for local logs: each flush appends each
-    stream's buffered batches under one lock acquisition (atomic per stream, not across)."""
-
-    def __init__(self, log: SegmentLog, *, linger_ms: float, max_buffer_bytes: int) -> None:
-        self._log = log
-        super().__init__(
-            linger_ms=linger_ms,
-            max_buffer_bytes=max_buffer_bytes,
-            name=f"disklesslog-writer {log.path}",
-        )
-
-    def _config_for(self, stream: str) -> StreamConfig:
-        try:
-            return self._log.read_config(stream)
-        except StreamNotFound:
-            return self._log.stream_defaults
-
-    def _write(
-        self, batches: list[tuple[str, list[EncodedBatch]]]
-    ) -> list[list[int] | BaseException]:
-        results: list[list[int] | BaseException] = []
-        for stream, encoded in batches:
-            try:
-                results.append(
-                    self._log.with_store(
-                        stream, functools.partial(_append_to, encoded), create=True
-                    )
-                )
-            except OSError as exc:  # reported through the stream's futures, typed
-                if not isinstance(exc, DisklessLogError):
-                    typed = as_storage_error(exc, f"appending to stream {stream!r} failed")
-                    typed.__cause__ = exc
-                    exc = typed
-                results.append(exc)
-            except Exception as exc:  # reported through the stream's futures
-                results.append(exc)
-        return results
-
-
 def _exists(path: str | Path) -> bool:
     """Whether ``path`` exists; unlike ``os.path.exists``, a failed ``stat`` (an I/O
     error) raises rather than answering "no"."""
@@ -1058,10 +1017,6 @@ def _exists(path: str | Path) -> bool:
     except (FileNotFoundError, NotADirectoryError):
         return False
     return True
-
-
-def _append_to(batches: list[EncodedBatch], store: StreamStore) -> list[int]:
-    return store.append(batches)
 
 
 def _encode_record(
