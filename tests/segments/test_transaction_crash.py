@@ -1,6 +1,6 @@
 """Two-phase commits on local logs under real crashes: a child committing transactions
 across four streams is SIGKILLed while a reader process watches, every other time at a
-random moment, the others at a random file call inside a commit (tests/kill_points.py).
+random moment, the others at a random file call of a commit's appends (tests/kill_points.py).
 The reader must never see a transaction in one stream and not in a later one (the
 commit is all or nothing to readers); after each kill, opening the log finishes the
 interrupted commit, so every stream holds the same transactions, each exactly once,
@@ -32,7 +32,7 @@ def _run_and_kill(directory: Path, rng: random.Random, armed: Path | None) -> li
         lines = run_and_kill(args, rng.uniform(0.02, 0.3))
     else:
         armed.unlink(missing_ok=True)
-        # A commit makes about 80 file calls: the kill comes in the third or fourth.
+        # A commit's appends make a few dozen file calls: the kill comes some commits in.
         args += [str(armed), str(rng.randint(200, 300))]
         lines = run_and_kill(args, 60, until=lambda: kill_points.read(armed).stopped_at is not None)
     return [int(line.split()[1]) for line in lines]

@@ -175,15 +175,17 @@ def txn_child(directory: str, seed: int, *armed: str) -> None:
     """Commit transactions forever (transaction k puts one record in each of
     TXN_STREAMS, staged in two parts), acknowledging each once its commit returned.
     With ``armed`` (``REPORT CALL``), wait for the SIGKILL at file call number ``CALL``
-    made inside a commit (tests/kill_points.py)."""
+    made while a commit appends its batches (tests/kill_points.py): in this loop only a
+    commit's roll-forward calls ``with_store``, and it does so while the commit's notes
+    file exists, so the kill leaves an interrupted commit for the next open to finish."""
     rng = random.Random(seed)
     log = disklesslog.open(directory, fsync="always")  # recovers an interrupted commit
     k = len({r.value for r in log.stream(TXN_STREAMS[0]).read()})
     if armed:
         import kill_points  # on the path of crash tests only (kill_points.child_env)
 
-        kill_points.arm(armed[0], int(armed[1]), inside="commit_transaction")
-        kill_points.marking(type(log), "commit_transaction")
+        kill_points.arm(armed[0], int(armed[1]), inside="with_store")
+        kill_points.marking(type(log), "with_store")
     sys.stdout.write("ready\n")
     sys.stdout.flush()
     while True:
