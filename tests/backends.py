@@ -5,9 +5,10 @@ object-store sequencer; ``file://`` with PostgreSQL; and S3, Azure and GCS throu
 server processes and the real fsspec clients (moto, Azurite, fake-gcs-server),
 sequenced by the object-store sequencer in the bucket, the default for remote storage.
 
-Each backend is a mixin that gives a contract its ``open_log`` (a test module subclasses
-``(Backend, Contract)`` once per backend, with the backend's marks); the openers are
-functions too, for the maintenance fixtures of ``conftest.py``.
+Each backend is a mixin that gives a contract its ``open_log``; :func:`test_classes`
+makes a test module's ``(Backend, Contract)`` subclass for every backend, with the
+backend's marks. The openers are functions too, for the maintenance fixtures of
+``conftest.py``.
 """
 
 from __future__ import annotations
@@ -201,3 +202,37 @@ class Gcs:
 
     named_producers = True
     open_log = staticmethod(open_gcs)
+
+
+# The emulators answer in milliseconds, not microseconds: their full conformance runs
+# belong to the whole suite (slow); tests/objects/test_clouds.py keeps a quick round
+# trip on each in the fast one.
+BACKENDS: tuple[tuple[type, tuple[pytest.MarkDecorator, ...]], ...] = (
+    (Segments, ()),
+    (Memory, ()),
+    (FileObjects, ()),
+    (MemoryObjectstore, ()),
+    (FileObjectstore, ()),
+    (FilePostgres, (pytest.mark.postgres,)),
+    (S3, (pytest.mark.s3, pytest.mark.slow)),
+    (Azure, (pytest.mark.azure, pytest.mark.slow)),
+    (Gcs, (pytest.mark.gcs, pytest.mark.slow)),
+)
+"""Every backend mixin, with the marks its test classes carry."""
+
+
+def test_classes(contract: type, module: str) -> dict[str, type]:
+    """``Test<Backend>`` classes running ``contract`` on every backend of
+    :data:`BACKENDS`, for a test module to put in its namespace (``globals().update``),
+    where pytest collects them; ``module`` is that module's ``__name__``."""
+    made: dict[str, type] = {}
+    for backend, marks in BACKENDS:
+        name = f"Test{backend.__name__}"
+        cls: type = type(name, (backend, contract), {"__module__": module})
+        for mark in marks:
+            cls = mark(cls)
+        made[name] = cls
+    return made
+
+
+test_classes.__test__ = False  # type: ignore[attr-defined]  # a helper, not a test
