@@ -1,11 +1,12 @@
-"""The process-wide read cache of the object backend: :class:`BlockCache`.
+"""The process-wide read cache of object storage: :class:`BlockCache`, for object logs
+and for the tiered segments of local logs.
 
 Readers fetch byte ranges of immutable, write-once objects. Every range goes through
 :meth:`BlockCache.read`, which serves it from cached *blocks* and fetches only what is
 missing; writers hand each object they upload to :meth:`BlockCache.put_object`, because
 the object a process just wrote is the one its readers (tailing consumers) want next.
-The goal (DESIGN.md section 6): one object is downloaded at most once per process while
-it stays hot.
+The goal (docs/decisions/0006-block-cache.md): one object is downloaded at most once
+per process while it stays hot.
 
 Usage::
 
