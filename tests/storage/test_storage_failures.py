@@ -10,6 +10,7 @@ import logging
 import pickle
 import socket
 from collections.abc import Callable, Iterator
+from types import SimpleNamespace
 from typing import Any
 
 import aiohttp
@@ -325,10 +326,14 @@ class Clock:
 
 @pytest.fixture
 def clock(monkeypatch: pytest.MonkeyPatch) -> Iterator[Clock]:
+    # Replace the names retries.py looks up, not the process-wide functions: another
+    # thread of the test process (a server, a cache's worker) that sleeps meanwhile
+    # must neither be recorded here nor stop waiting.
     fake = Clock()
-    monkeypatch.setattr(retries.time, "monotonic", fake.monotonic)
-    monkeypatch.setattr(retries.time, "sleep", fake.sleep)
-    monkeypatch.setattr(retries.random, "uniform", lambda low, high: high)
+    monkeypatch.setattr(
+        retries, "time", SimpleNamespace(monotonic=fake.monotonic, sleep=fake.sleep)
+    )
+    monkeypatch.setattr(retries, "random", SimpleNamespace(uniform=lambda low, high: high))
     yield fake
 
 
@@ -346,7 +351,9 @@ def _failing(*failures: BaseException, result: Any = "done") -> Callable[[], Any
 
 def test_backoff_is_full_jitter_doubling_to_a_ceiling(monkeypatch: pytest.MonkeyPatch) -> None:
     bounds: list[tuple[float, float]] = []
-    monkeypatch.setattr(retries.random, "uniform", lambda a, b: bounds.append((a, b)) or b)
+    monkeypatch.setattr(
+        retries, "random", SimpleNamespace(uniform=lambda a, b: bounds.append((a, b)) or b)
+    )
     assert [backoff(n, 0.1) for n in (1, 2, 3)] == pytest.approx([0.1, 0.2, 0.4])
     assert backoff(1, 0.1, throttled=True) == pytest.approx(0.1 * retries.THROTTLED_FACTOR)
     assert backoff(30, 0.1) == retries.MAX_DELAY
