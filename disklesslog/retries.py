@@ -84,9 +84,12 @@ MAX_DELAY = 10.0
 THROTTLED_FACTOR = 10
 """How much longer a throttled request backs off: the storage asked for fewer
 requests, and retrying as fast as after a dropped connection would keep it refusing."""
-DEADLINE = 30.0
-"""Seconds after a request's first attempt in which its retries must start (the
-default of the ``retry_deadline_ms`` option)."""
+DEADLINE_MS = 30_000
+"""The default of the ``retry_deadline_ms`` option of every log that reaches object
+storage (an object log, and a local log's tier)."""
+DEADLINE = DEADLINE_MS / 1000
+"""Seconds after a request's first attempt in which its retries must start
+(:data:`DEADLINE_MS` in seconds)."""
 REFETCHES = 3
 """Fetches straight from storage of bytes that failed their checksum, at most."""
 

@@ -37,7 +37,7 @@ from ..metrics import Metrics
 from ..names import validate_group_name, validate_stream_name
 from ..projection import OFFSETS
 from ..records import RecordBatch
-from ..retries import DEADLINE, deadline_seconds
+from ..retries import DEADLINE_MS, deadline_seconds
 from ..sequencers import Sequencer, open_sequencer
 from ..sequencers.base import BatchLocation
 from ..sequencers.common import out_of_range
@@ -63,8 +63,6 @@ KIND = "disklesslog-objects"
 VERSION = 1
 DEFAULT_LINGER_MS = 100
 DEFAULT_MAX_OBJECT_BYTES = 8 << 20
-DEADLINE_MS = round(DEADLINE * 1000)
-"""The default of the ``retry_deadline_ms`` option."""
 APPEND_LINGER_MS = 0  # Stream.append: flush as soon as the previous flush is done
 SQLITE_NAME = "disklesslog-meta.db"
 """The SQLite sequencer's database in the directory of a ``file://`` log (the default)."""

@@ -59,6 +59,7 @@ from ..names import validate_group_name, validate_stream_name
 from ..oserrors import typed_os_errors
 from ..projection import COLUMNS, OFFSETS, Part, Projection
 from ..records import RecordBatch, limit_records
+from ..retries import DEADLINE_MS, deadline_seconds
 from ..sequencers.base import TransactionResult
 from ..storage.atomic import fsync_directory
 from ..transactions import StagedPart
@@ -121,7 +122,8 @@ class SegmentLog(AbstractLog):
 
     ``cleaner_max_keys`` bounds the keys one compaction pass maps (Kafka's dedupe
     buffer, counted in keys): a stream with more keys in its dirty segments is
-    compacted over several passes.
+    compacted over several passes. ``retry_deadline_ms`` bounds the retries of the
+    tier's requests (``tier_url=``), as it does every request of an object log.
     """
 
     def __init__(
@@ -135,6 +137,7 @@ class SegmentLog(AbstractLog):
         cleaner_max_keys: int = DEFAULT_MAX_KEYS,
         tier_url: str | None = None,
         tier_storage_options: Mapping[str, Any] | None = None,
+        retry_deadline_ms: int = DEADLINE_MS,
         **stream_defaults: Any,
     ) -> None:
         root = Path(path).absolute()
@@ -147,7 +150,15 @@ class SegmentLog(AbstractLog):
             raise ConfigError(f"cleaner_max_keys must be a positive int, not {cleaner_max_keys!r}")
         self._cleaner_max_keys = cleaner_max_keys
         self._defaults = StreamConfig.from_dict(stream_defaults)
-        check_tier(root, tier_url, tier_storage_options, Metrics(), sync=False)  # creates nothing
+        retry_deadline = deadline_seconds(retry_deadline_ms)
+        check_tier(  # creates nothing
+            root,
+            tier_url,
+            tier_storage_options,
+            Metrics(),
+            sync=False,
+            retry_deadline=retry_deadline,
+        )
         check_log_directory(root, create=create)
         clean_staging(root)
         self.path = root
@@ -161,9 +172,15 @@ class SegmentLog(AbstractLog):
         # another process starts tiering later gets it when a stream shows a manifest.
         self._manifests = ManifestCache()
         self._tier_options = tier_storage_options
+        self._retry_deadline = retry_deadline
         self._tier_recheck = 0.0  # monotonic time to look for tier.json again
         tier = configure_tier(
-            root, tier_url, tier_storage_options, self._metrics, sync=fsync != "never"
+            root,
+            tier_url,
+            tier_storage_options,
+            self._metrics,
+            sync=fsync != "never",
+            retry_deadline=retry_deadline,
         )
         self._tiered = None if tier is None else TieredReader(tier, self._manifests)
         self._stop = threading.Event()
@@ -527,7 +544,12 @@ class SegmentLog(AbstractLog):
         tiered = self._tiered
         if tiered is None:
             tier: Tier | None = configure_tier(
-                self.path, None, self._tier_options, self._metrics, sync=self._fsync != "never"
+                self.path,
+                None,
+                self._tier_options,
+                self._metrics,
+                sync=self._fsync != "never",
+                retry_deadline=self._retry_deadline,
             )
             if tier is None:
                 if required:

@@ -7,8 +7,10 @@ where a stream's batches live. The sequencer also keeps stream extents and setti
 producer state (idempotence and fencing), consumer-group offsets, and which objects no
 longer hold any live batch.
 
-Every implementation passes the same conformance suite (``tests/sequencers/``). The
-idempotence and fencing rules live once, in :mod:`disklesslog.sequencers.producers`.
+Every implementation passes the same conformance suite,
+:class:`disklesslog.testing.contracts.SequencerContract`, which a third-party sequencer
+can subclass too. The idempotence and fencing rules live once, in
+:mod:`disklesslog.sequencers.producers`.
 """
 
 from __future__ import annotations

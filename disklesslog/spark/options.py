@@ -46,7 +46,7 @@ COLUMNS = ("key", "value", "stream", "offset", "timestamp", "headers")
 
 STORAGE_PREFIX = "storage."
 
-LOG_OPTIONS = ("url", "path", "backend", "sequencer", "storageoptions")
+LOG_OPTIONS = ("url", "path", "backend", "sequencer", "storageoptions", "retrydeadlinems")
 """Options that say where the log is; shared by the read and the write side."""
 
 READ_OPTIONS = (
@@ -65,6 +65,7 @@ READ_OPTIONS = (
 # Spell the documented (camel-case) names in messages, though Spark lower-cases keys.
 _DISPLAY = {
     "storageoptions": "storageOptions",
+    "retrydeadlinems": "retryDeadlineMs",
     "streampattern": "streamPattern",
     "startingoffsets": "startingOffsets",
     "endingoffsets": "endingOffsets",
@@ -92,6 +93,8 @@ class LogOptions:
     backend: str | None = None
     sequencer: str | None = None
     storage_options: dict[str, Any] = field(default_factory=dict)
+    retry_deadline_ms: int | None = None
+    """The log's ``retry_deadline_ms`` (``None``: the library's default)."""
 
     def open(self, *, create: bool = False) -> AbstractLog:
         """Open the log. Readers pass ``create=False`` so a mistyped URL is an error,
@@ -101,6 +104,8 @@ class LogOptions:
             options["backend"] = self.backend
         if self.sequencer is not None:
             options["sequencer"] = self.sequencer
+        if self.retry_deadline_ms is not None:
+            options["retry_deadline_ms"] = self.retry_deadline_ms
         if self.storage_options:
             if self._is_local():
                 # A local log keeps only its tiered part in object storage.
@@ -261,6 +266,7 @@ def parse_log_options(options: Mapping[str, str]) -> LogOptions:
         backend=get_option(options, "backend"),
         sequencer=get_option(options, "sequencer"),
         storage_options=storage,
+        retry_deadline_ms=parse_positive_int(options, "retrydeadlinems"),
     )
 
 

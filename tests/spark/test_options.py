@@ -9,6 +9,7 @@ import pytest
 
 import disklesslog
 from disklesslog import ConfigError
+from disklesslog.objects.log import ObjectLog
 from disklesslog.spark.options import LogOptions, parse_log_options, parse_read_options
 from disklesslog.spark.read import split_range
 from disklesslog.spark.schema import read_schema
@@ -287,3 +288,17 @@ def test_columns_option_picks_and_orders_columns() -> None:
         parse_read_options(
             {"url": "/l", "streams": "a", "columns": "key", "includeHeaders": "true"}
         )
+
+
+def test_retry_deadline_reaches_the_log(tmp_path: Path) -> None:
+    """``retryDeadlineMs`` is the log's ``retry_deadline_ms``: parsed on the driver (a bad
+    value names the option) and given to the log every executor opens."""
+    options = parse_log_options({"url": f"memory://{tmp_path.name}/log", "retrydeadlinems": "250"})
+    assert options.retry_deadline_ms == 250
+    with options.open(create=True) as log:
+        assert isinstance(log, ObjectLog)
+        assert log.storage.retry_deadline == 0.25
+    assert parse_log_options({"url": "/data/log"}).retry_deadline_ms is None
+    for bad in ("0", "-5", "soon"):
+        with pytest.raises(ConfigError, match="retryDeadlineMs"):
+            parse_log_options({"url": "/data/log", "retryDeadlineMs": bad})

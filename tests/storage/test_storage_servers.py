@@ -14,6 +14,7 @@ import socket
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import fsspec
@@ -314,3 +315,30 @@ def test_the_deadline_option_reaches_the_storage_and_the_sequencer(broken: type[
         broken.armed = False
     assert "after 5 attempts" not in str(from_sequencer.value)
     assert "after 5 attempts" not in str(from_storage.value)
+
+
+def test_the_deadline_option_reaches_a_local_logs_tier(
+    broken: type[Broken], tmp_path: Path
+) -> None:
+    tier_url = f"broken://tier-deadline-{uuid.uuid4().hex[:12]}/tier"
+    with disklesslog.open(
+        tmp_path / "log",
+        fsync="never",
+        tier_url=tier_url,
+        tier_storage_options={"target_protocol": "memory"},
+        retry_deadline_ms=1,
+        segment_bytes=1024,
+    ) as log:
+        stream = log.stream("s")
+        for _ in range(40):  # several closed segments
+            stream.append(b"x" * 100)
+        broken.failure = staticmethod(lambda: ConnectionResetError("reset"))
+        broken.armed = True
+        started = time.monotonic()
+        # a 1 ms deadline leaves no time for the 5 attempts a request gets by default
+        with pytest.raises(StorageUnavailable) as caught:
+            log.tier()
+        broken.armed = False
+    assert time.monotonic() - started < 5
+    assert "after 5 attempts" not in str(caught.value)
+    assert tier_url in str(caught.value)

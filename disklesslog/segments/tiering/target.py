@@ -43,7 +43,7 @@ from ...errors import ConfigError, CorruptDataError, DataLossError, InvalidURL, 
 from ...format import crc32c
 from ...markers import MARKER, check_marker
 from ...metrics import Metrics
-from ...retries import retrying
+from ...retries import DEADLINE, retrying
 from ...storage.atomic import fsync_directory, replace_file
 from ...storage.cache import default_cache
 from ...storage.filesystems import is_memory, open_filesystem
@@ -143,13 +143,16 @@ def configure_tier(
     metrics: Metrics,
     *,
     sync: bool,
+    retry_deadline: float = DEADLINE,
 ) -> Tier | None:
     """The tier of the log at ``root``: the persisted one, or ``tier_url`` persisted now.
 
     A ``tier_url`` other than the persisted one is a :class:`ConfigError` (a log's
     tiered segments cannot move by reopening it elsewhere).
     """
-    tier = check_tier(root, tier_url, storage_options, metrics, sync=sync)
+    tier = check_tier(
+        root, tier_url, storage_options, metrics, sync=sync, retry_deadline=retry_deadline
+    )
     if tier is None or tier.log_id:  # none, or the persisted one
         return tier
     tier.check_owner(None)  # as does a location that belongs to another log
@@ -168,6 +171,7 @@ def check_tier(
     metrics: Metrics,
     *,
     sync: bool,
+    retry_deadline: float = DEADLINE,
 ) -> Tier | None:
     """What :func:`configure_tier` checks before it writes anything, and may run before
     the log directory exists (an open refused for its tier options leaves nothing
@@ -191,10 +195,17 @@ def check_tier(
             "that URL"
         )
     if persisted is not None:
-        return Tier(persisted[0], persisted[1], storage_options, metrics, sync=sync)
+        return Tier(
+            persisted[0],
+            persisted[1],
+            storage_options,
+            metrics,
+            sync=sync,
+            retry_deadline=retry_deadline,
+        )
     if wanted is None:
         return None
-    tier = Tier(wanted, "", storage_options, metrics, sync=sync)
+    tier = Tier(wanted, "", storage_options, metrics, sync=sync, retry_deadline=retry_deadline)
     tier.connect()  # a bad URL or a missing client fails here, before anything is written
     if tier.local_path is not None:
         inside = Path(tier.local_path).resolve()
@@ -221,10 +232,14 @@ class Tier:
         metrics: Metrics,
         *,
         sync: bool = True,
+        retry_deadline: float = DEADLINE,
     ) -> None:
         self.url = url
         self.sync = sync
         """Whether objects written to a local directory are fsynced (the log's policy)."""
+        self.retry_deadline = retry_deadline
+        """Seconds in which a failed request's retries must start (the log's
+        ``retry_deadline_ms`` option)."""
         self.log_id = log_id
         self.metrics = metrics
         self._storage_options = storage_options
@@ -243,7 +258,14 @@ class Tier:
         with self._lock:
             if self._objects is None:
                 fs, root = open_filesystem(self.url, self._storage_options)
-                self._objects = ObjectStore(fs, root, self.metrics, url=self.url, prefix="tier_")
+                self._objects = ObjectStore(
+                    fs,
+                    root,
+                    self.metrics,
+                    url=self.url,
+                    prefix="tier_",
+                    retry_deadline=self.retry_deadline,
+                )
             return self._objects
 
     @property
