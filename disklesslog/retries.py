@@ -11,9 +11,10 @@ Two kinds of failure are retried, each its own way:
   timeouts, HTTP 5xx), a throttled request (:class:`~disklesslog.StorageThrottled`:
   HTTP 429, S3's 503 SlowDown) and failures of no known kind (clients raise transient
   errors of their own types) are made again (:func:`retrying`) after an exponential
-  backoff with full jitter (:func:`backoff`), longer for throttled requests, at most
+  backoff with full jitter (:func:`backoff`), longer for throttled requests, and never
+  shorter than the storage asked for in a ``Retry-After`` header, at most
   :data:`ATTEMPTS` times in all and never past the request's deadline
-  (:data:`DEADLINE`, the ``retry_deadline_ms`` option of object logs): no attempt
+  (:data:`DEADLINE`, the ``retry_deadline_ms`` log option): no attempt
   starts that would begin after it. The last failure is raised, typed, naming what
   was asked. Retrying is safe for every request retried this way: GETs and LISTs
   change nothing, PUTs write write-once keys with the same bytes (or create a key
@@ -56,7 +57,7 @@ from .errors import (
     StorageThrottled,
 )
 from .metrics import Metrics
-from .storage.failures import classify, storage_error
+from .storage.failures import classify, retry_after, storage_error
 
 __all__ = [
     "ATTEMPTS",
@@ -158,6 +159,9 @@ def retrying(
                 metrics.add(counter)
             last = exc
             wait = backoff(attempt, delay, throttled=issubclass(error_class, StorageThrottled))
+            asked = retry_after(exc) if retriable else None
+            if asked is not None:
+                wait = max(wait, asked)
             elapsed = time.monotonic() - started
             if not retriable or attempt >= attempts or elapsed + wait > deadline:
                 failure = storage_error(exc, what, url=url, operation=operation, attempts=attempt)

@@ -27,9 +27,11 @@ bucket only this way).
 
 from __future__ import annotations
 
+import email.utils
 import errno
 import socket
-from collections.abc import Iterator
+import time
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from ..errors import (
@@ -41,7 +43,7 @@ from ..errors import (
     StorageUnavailable,
 )
 
-__all__ = ["WRITES", "classify", "storage_error"]
+__all__ = ["WRITES", "classify", "retry_after", "storage_error"]
 
 WRITES = frozenset({"put", "create", "replace"})
 """Operations that store an object: a ``FileNotFoundError`` from one of them means the
@@ -207,6 +209,61 @@ def storage_error(
     return kind(
         f"{where}{tried}: {said} [{note}]", url=url, operation=operation, retriable=retriable
     )
+
+
+def retry_after(exc: BaseException) -> float | None:
+    """Seconds the storage asked the client to wait before trying again, from a
+    ``Retry-After`` header (seconds or an HTTP date) or Azure's ``x-ms-retry-after-ms``
+    on the failure or what it wraps: botocore's response metadata, azure-core's
+    ``response.headers``, aiohttp's ``headers``. ``None`` when no answer says.
+
+    A store that throttles says how long it needs; waiting less only earns more
+    refusals, so :func:`disklesslog.retries.retrying` waits at least this long."""
+    for link in _chain(exc):
+        headers = _headers(link)
+        if headers is None:
+            continue
+        milliseconds = _header(headers, "x-ms-retry-after-ms")
+        if milliseconds is not None:
+            try:
+                return max(0.0, float(milliseconds) / 1000)
+            except ValueError:
+                pass
+        value = _header(headers, "retry-after")
+        if value is None:
+            continue
+        try:
+            return max(0.0, float(value))
+        except ValueError:
+            pass
+        try:
+            when = email.utils.parsedate_to_datetime(value)
+        except (TypeError, ValueError, IndexError):
+            continue
+        return max(0.0, when.timestamp() - time.time())
+    return None
+
+
+def _headers(exc: BaseException) -> Mapping[str, Any] | None:
+    """The response headers a client's exception carries, if any."""
+    response: Any = getattr(exc, "response", None)
+    if isinstance(response, dict):
+        meta = response.get("ResponseMetadata")
+        headers = meta.get("HTTPHeaders") if isinstance(meta, dict) else None
+        return headers if isinstance(headers, Mapping) else None
+    for holder in (response, exc):
+        headers = getattr(holder, "headers", None)
+        if isinstance(headers, Mapping):
+            return headers
+    return None
+
+
+def _header(headers: Mapping[str, Any], name: str) -> str | None:
+    """The header ``name`` of ``headers``, whatever case its keys use."""
+    for key, value in headers.items():
+        if isinstance(key, str) and key.lower() == name and isinstance(value, str):
+            return value.strip()
+    return None
 
 
 def _chain(exc: BaseException) -> Iterator[BaseException]:

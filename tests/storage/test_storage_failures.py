@@ -5,10 +5,12 @@ are raised at once, typed. Deterministic: sleeping and the random draw are patch
 
 from __future__ import annotations
 
+import email.utils
 import errno
 import logging
 import pickle
 import socket
+import time
 from collections.abc import Callable, Iterator
 from types import SimpleNamespace
 from typing import Any
@@ -44,7 +46,7 @@ from disklesslog import (
 )
 from disklesslog.metrics import Metrics
 from disklesslog.retries import backoff, deadline_seconds, retrying
-from disklesslog.storage.failures import classify, storage_error
+from disklesslog.storage.failures import classify, retry_after, storage_error
 from disklesslog.testing.faults import InjectedClientError, InjectedThrottling
 
 
@@ -485,3 +487,43 @@ def test_the_deadline_option_is_validated() -> None:
             deadline_seconds(bad)
     with pytest.raises(ConfigError, match="retry_deadline_ms"):
         disklesslog.open("memory://deadline-option/log", retry_deadline_ms=0)
+
+
+def _boto_with(code: str, status: int, headers: dict[str, str]) -> ClientError:
+    failure = _boto(code, status)
+    failure.response["ResponseMetadata"]["HTTPHeaders"] = headers
+    return failure
+
+
+def test_retry_after_is_read_from_every_clients_failure() -> None:
+    assert retry_after(_boto_with("SlowDown", 503, {"retry-after": "3"})) == 3.0
+    azure = _azure(HttpResponseError, 503, "ServerBusy")
+    azure.response = SimpleNamespace(headers={"x-ms-retry-after-ms": "1500", "Retry-After": "9"})
+    assert retry_after(azure) == 1.5  # Azure's milliseconds are the more precise
+    wrapped = OSError("s3fs wraps it")
+    wrapped.__cause__ = _boto_with("SlowDown", 503, {"Retry-After": " 0.25 "})
+    assert retry_after(wrapped) == 0.25
+    soon = email.utils.formatdate(time.time() + 120, usegmt=True)
+    dated = retry_after(_boto_with("SlowDown", 503, {"retry-after": soon}))
+    assert dated is not None and 110 < dated <= 121
+    for headers in ({}, {"retry-after": "soon"}, {"retry-after": "-5"}):
+        said = retry_after(_boto_with("SlowDown", 503, headers))
+        assert said in (None, 0.0)
+    assert retry_after(ConnectionResetError("reset")) is None
+
+
+def test_the_wait_is_never_shorter_than_the_storage_asked(clock: Clock) -> None:
+    call = _failing(
+        _boto_with("SlowDown", 503, {"retry-after": "2"}),
+        _boto_with("InternalError", 500, {"retry-after": "0"}),
+    )
+    assert retrying(call, "could not read x", delay=0.1) == "done"
+    # 2 s asked (more than the throttled backoff of 1 s), then the backoff (0.2 s)
+    assert clock.sleeps == pytest.approx([2.0, 0.2])
+
+
+def test_a_retry_after_past_the_deadline_gives_up_at_once(clock: Clock) -> None:
+    call = _failing(_boto_with("SlowDown", 503, {"retry-after": "60"}))
+    with pytest.raises(StorageThrottled) as caught:
+        retrying(call, "could not read x", delay=0.1, deadline=30.0)
+    assert clock.sleeps == [] and caught.value.retriable
