@@ -394,8 +394,15 @@ class AbstractLog(ABC):
 
     @abstractmethod
     def create_stream(self, name: str, **config: Any) -> Stream:
-        """Create ``name`` with :class:`StreamConfig` options; idempotent when the stream
-        exists with the same configuration, :class:`~disklesslog.StreamExistsError` otherwise."""
+        """Create ``name`` with :class:`StreamConfig` options and return its handle.
+
+        Idempotent, so startup code may create its streams on every run: a stream that
+        exists is returned as it is when its settings fixed at creation match those
+        asked for. Settings ``alter_stream`` may change
+        (:data:`~disklesslog.config.ALTERABLE`) are not compared: the stream keeps its
+        own, maybe altered since, and the handle's ``config`` shows them. A differing
+        fixed setting raises :class:`~disklesslog.StreamExistsError` naming the setting,
+        the stream's value and the requested one; nothing changes."""
 
     @abstractmethod
     def streams(self) -> list[str]:

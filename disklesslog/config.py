@@ -11,7 +11,7 @@ import functools
 from collections.abc import Mapping
 from typing import Any
 
-from .errors import ConfigError, InvalidRecordError
+from .errors import ConfigError, InvalidRecordError, StreamExistsError
 from .format import (
     COMPRESSIONS,
     DEFAULT_MAX_BATCH_BYTES,
@@ -50,7 +50,8 @@ ALTERABLE = frozenset(
 """Settings ``Log.alter_stream`` may change on an existing stream: what maintenance
 reads. The others are fixed at creation: they shape the bytes already stored (sizes,
 compression, segments) or what appends accept (``cleanup_policy``: a compacted stream
-refuses records without a key)."""
+refuses records without a key). ``create_stream`` of an existing stream compares only
+the fixed ones (:meth:`StreamConfig.created_again`)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -199,6 +200,32 @@ class StreamConfig:
         if not changes:
             raise ConfigError(f"nothing to alter; alterable: {sorted(ALTERABLE)}")
         return self.replace(**changes)
+
+    def created_again(self, stream: str, requested: StreamConfig) -> StreamConfig:
+        """This config, which stream ``stream`` has, when ``create_stream`` asks for
+        ``requested`` again: startup code creates its streams on every run, so only the
+        settings fixed at creation must match; the :data:`ALTERABLE` ones are the
+        stream's, maybe altered since, and kept. A differing fixed setting raises
+        StreamExistsError naming each with the stream's value and the requested one."""
+        differing = [
+            (field.name, getattr(self, field.name), getattr(requested, field.name))
+            for field in dataclasses.fields(self)
+            if field.name not in ALTERABLE
+            and getattr(self, field.name) != getattr(requested, field.name)
+        ]
+        if not differing:
+            return self
+        settings = ", ".join(
+            f"{name}={mine!r} (create_stream asked for {theirs!r})"
+            for name, mine, theirs in differing
+        )
+        raise StreamExistsError(
+            f"stream {stream!r} already exists with {settings}; "
+            f"{'this setting is' if len(differing) == 1 else 'these settings are'} fixed "
+            "when a stream is created: create it with the stream's values, or delete the "
+            "stream (and its records) and create it again. Settings alter_stream may "
+            "change, such as retention_ms, are left as the stream has them."
+        )
 
     def replace(self, **changes: Any) -> StreamConfig:
         """A copy with ``changes`` applied (validated like a new config)."""

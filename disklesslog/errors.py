@@ -75,7 +75,8 @@ class StreamNotFound(DisklessLogError, LookupError):
 
 
 class StreamExistsError(DisklessLogError):
-    """``create_stream`` found the stream already present with a different configuration."""
+    """``create_stream`` found the stream already present with a setting fixed at
+    creation that differs from the one asked for (the message names each)."""
 
 
 class OffsetOutOfRange(DisklessLogError, LookupError):

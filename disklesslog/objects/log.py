@@ -27,7 +27,6 @@ from ..errors import (
     ConfigError,
     InvalidURL,
     OffsetOutOfRange,
-    StreamExistsError,
     StreamNotFound,
 )
 from ..maintenance.report import MaintenanceReport, Progress
@@ -110,6 +109,9 @@ class ObjectLog(AbstractLog):
         return ObjectStream(self, validate_stream_name(name))
 
     def create_stream(self, name: str, **config: Any) -> ObjectStream:
+        """Create ``name`` in the sequencer, or return it if it exists with the same
+        settings fixed at creation; the :data:`~disklesslog.config.ALTERABLE` ones are
+        left as the stream has them (:meth:`AbstractLog.create_stream` has the rule)."""
         self.check_open()
         validate_stream_name(name)
         wanted = self._defaults.replace(**config)
@@ -117,11 +119,7 @@ class ObjectLog(AbstractLog):
             meta = self.sequencer.stream_info(name)
         except StreamNotFound:
             meta = self.sequencer.create_stream(name, wanted.to_dict())
-        existing = StreamConfig.from_dict(meta.config)
-        if existing != wanted:
-            raise StreamExistsError(
-                f"stream {name!r} already exists with a different configuration: {existing}"
-            )
+        existing = StreamConfig.from_dict(meta.config).created_again(name, wanted)
         with self._lock:
             self._configs[name] = existing
         return ObjectStream(self, name)

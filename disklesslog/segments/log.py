@@ -46,7 +46,6 @@ from ..errors import (
     ConfigError,
     CorruptDataError,
     OffsetOutOfRange,
-    StreamExistsError,
     StreamNotFound,
 )
 from ..format import EncodedBatch, as_column, encode_batch_borrowed, encode_record
@@ -215,17 +214,17 @@ class SegmentLog(AbstractLog):
         return SegmentStream(self, validate_stream_name(name))
 
     def create_stream(self, name: str, **config: Any) -> SegmentStream:
+        """Create ``name`` (its directory, built aside and renamed into place), or
+        return it if it exists with the same settings fixed at creation; the
+        :data:`~disklesslog.config.ALTERABLE` ones are left as the stream has them
+        (:meth:`AbstractLog.create_stream` has the rule)."""
         self.check_open()
         validate_stream_name(name)
         wanted = self._defaults.replace(**config)
         directory = self.stream_dir(name)
         if not directory.exists():
             self._create_directory(name, wanted)
-        existing = self.read_config(name)
-        if existing != wanted:
-            raise StreamExistsError(
-                f"stream {name!r} already exists with a different configuration: {existing}"
-            )
+        self.read_config(name).created_again(name, wanted)
         return SegmentStream(self, name)
 
     def streams(self) -> list[str]:
