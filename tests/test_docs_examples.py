@@ -24,6 +24,8 @@ HTML comments right before a fence (blank lines between are fine) steer it:
 * ``<!-- not-run: REASON -->``: the block is not run; the reason is required.
 * ``<!-- setup: ... -->``: hidden code (Python, or shell commands) run just before the
   block, in the same namespace or directory: the names or files a fragment assumes.
+* ``<!-- volatile: WORD... -->``: words of the block's expected output that differ from
+  run to run (a timestamp, a checksum over one); each matches any text.
 
 And anywhere in a page:
 
@@ -61,8 +63,9 @@ LOOKS_RUNNABLE = re.compile(
 PROMPT = "$ "
 COMMAND_TIMEOUT = 60
 """Seconds a command or a page's Python may take: one that waits for input fails."""
-SLOW_PAGES = frozenset({"docs/cli.md"})
-"""Pages whose sessions start the CLI often enough (~0.5 s a command) to be slow."""
+SLOW_PAGES = frozenset({"docs/cli.md", "docs/testing.md"})
+"""Pages that take 10-25 s: cli.md starts the CLI some 30 times (~0.5 s each), testing.md
+starts a moto server of its own. They run in the whole suite, not under -m "not slow"."""
 
 
 class DocFormatError(Exception):
@@ -79,6 +82,7 @@ class Block:
     code: str
     not_run: str | None = None
     setup: str | None = None
+    volatile: tuple[str, ...] = ()
 
 
 @dataclass
@@ -121,7 +125,7 @@ def parse_page(text: str, name: str) -> Page:
                     page.paths.extend(value.split())
                 elif directive == "doc-s3":
                     page.s3_endpoint = value.strip()
-                elif directive in {"not-run", "setup"}:
+                elif directive in {"not-run", "setup", "volatile"}:
                     pending.append((directive, value))
                 else:
                     raise DocFormatError(f"{name}: unknown directive <!-- {directive}: -->")
@@ -139,11 +143,14 @@ def parse_page(text: str, name: str) -> Page:
                 if not value.strip():
                     raise DocFormatError(f"{name}:{line}: not-run needs a reason")
                 block.not_run = value.strip()
+            elif directive == "volatile":
+                block.volatile = tuple(value.split())
             else:
                 block.setup = textwrap.dedent(value.strip("\n"))
         pending = []
         first = next((ln for ln in token.content.splitlines() if ln.strip()), "")
-        if block.kind == "text" and not token.info.strip() and LOOKS_RUNNABLE.match(first):
+        untagged = block.kind == "text" and not token.info.strip() and block.not_run is None
+        if untagged and LOOKS_RUNNABLE.match(first):
             raise DocFormatError(
                 f"{name}:{line}: an untagged block that looks runnable ({first!r}): "
                 "tag it (```python, ```sh, ```console) and run it or mark it not-run"
@@ -200,6 +207,7 @@ def _environment() -> dict[str, str]:
     env = dict(os.environ)
     env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
     env["NO_COLOR"] = "1"
+    env["PYTHONUNBUFFERED"] = "1"  # stdout and stderr interleave as on a terminal
     env["COLUMNS"] = "100"
     return env
 
@@ -256,13 +264,16 @@ def commands(block: Block) -> list[tuple[str, list[str]]]:
     return pairs
 
 
-def output_matches(expected: list[str], actual: list[str]) -> bool:
-    """Whether ``actual`` lines match ``expected`` with ``...`` as the only wildcard
-    (within a line: any text; a whole line: any number of lines). Trailing spaces and
-    trailing blank lines do not count."""
+def output_matches(expected: list[str], actual: list[str], volatile: tuple[str, ...] = ()) -> bool:
+    """Whether ``actual`` lines match ``expected`` with ``...`` and the ``volatile``
+    words as the only wildcards (within a line: any text; ``...`` as a whole line: any
+    number of lines). Trailing spaces and trailing blank lines do not count."""
     pattern = ""
-    for line in (e.rstrip() for e in expected):
-        if line == "...":
+    for shown in expected:
+        line = shown.rstrip()
+        for word in volatile:
+            line = line.replace(word, "...")
+        if line.strip() == "...":
             pattern += r"(?:[^\n]*\n)*?"
         else:
             pattern += ".*?".join(map(re.escape, line.split("..."))) + r"[ \t]*\n"
@@ -310,15 +321,29 @@ def run_shell(page: Page, places: Places, cwd: Path) -> None:
                     f"(exit {result.returncode}):\n{places.shown(result.stdout)}"
                 )
             continue
-        for command, expected in commands(block):
-            result = _bash(places.real(command), cwd)
-            actual = places.shown(result.stdout).splitlines()
-            if not output_matches(expected, actual):
+        pairs = commands(block)
+        outputs = _session_outputs([places.real(c) for c, _ in pairs], cwd)
+        for (command, expected), output in zip(pairs, outputs):
+            actual = places.shown(output).splitlines()
+            if not output_matches(expected, actual, block.volatile):
                 pytest.fail(
                     f"{page.name}:{block.line}: $ {command}\n"
                     "--- the page shows:\n" + "\n".join(expected) + "\n"
                     "--- it printed:\n" + "\n".join(actual)
                 )
+
+
+SEPARATOR = "@@ end of a documented command @@"
+
+
+def _session_outputs(command_lines: list[str], cwd: Path) -> list[str]:
+    """Each command's output, from one shell that runs them all as a terminal would
+    (so ``$?``, variables and ``cd`` carry over): a separator line after each command,
+    printed without changing ``$?``."""
+    after = f'status=$?; printf "\\n%s\\n" "{SEPARATOR}"; (exit $status)'
+    script = "exec 2>&1\n" + "".join(f"{c}\n{after}\n" for c in command_lines)
+    pieces = _bash(script, cwd).stdout.split(f"\n{SEPARATOR}\n")
+    return [*pieces[: len(command_lines)], *[""] * (len(command_lines) + 1 - len(pieces))]
 
 
 # -------------------------------------------------------------------- tests
@@ -446,9 +471,16 @@ def test_broken_conventions_are_refused(text: str, message: str) -> None:
         (["a", "...", "d"], ["a", "b", "c", "d"], True),
         (["a", "...", "d"], ["a", "d"], True),
         (['{"t": ...}'], ['{"t": 1732230000000}'], True),
+        (['{"t": 1732230000000}'], ['{"t": 1795886836195}'], False),
         ([], [], True),
         ([], ["unexpected"], False),
     ],
 )
 def test_output_matching(expected: list[str], actual: list[str], matches: bool) -> None:
     assert output_matches(expected, actual) is matches
+
+
+def test_volatile_words_match_anything() -> None:
+    expected = ['{"t": 1732230000000, "v": "a"}']
+    assert output_matches(expected, ['{"t": 1795886836195, "v": "a"}'], ("1732230000000",))
+    assert not output_matches(expected, ['{"t": 1795886836195, "v": "b"}'], ("1732230000000",))
