@@ -24,6 +24,9 @@ HTML comments right before a fence (blank lines between are fine) steer it:
 * ``<!-- not-run: REASON -->``: the block is not run; the reason is required.
 * ``<!-- setup: ... -->``: hidden code (Python, or shell commands) run just before the
   block, in the same namespace or directory: the names or files a fragment assumes.
+* ``<!-- synopsis: ... -->``: the block is the CLI's synopsis, one ``disklesslog COMMAND
+  [--option ...]`` line per command: checked against the CLI's parser both ways (every
+  command there is listed; every command and option listed exists).
 * ``<!-- volatile: WORD... -->``: words of the block's expected output that differ from
   run to run (a timestamp, a checksum over one); each matches any text.
 
@@ -39,6 +42,7 @@ And anywhere in a page:
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import re
@@ -50,6 +54,8 @@ from pathlib import Path
 
 import pytest
 from markdown_it import MarkdownIt
+
+from disklesslog.cli import build_parser
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -83,6 +89,7 @@ class Block:
     not_run: str | None = None
     setup: str | None = None
     volatile: tuple[str, ...] = ()
+    synopsis: bool = False
 
 
 @dataclass
@@ -125,7 +132,7 @@ def parse_page(text: str, name: str) -> Page:
                     page.paths.extend(value.split())
                 elif directive == "doc-s3":
                     page.s3_endpoint = value.strip()
-                elif directive in {"not-run", "setup", "volatile"}:
+                elif directive in {"not-run", "setup", "volatile", "synopsis"}:
                     pending.append((directive, value))
                 else:
                     raise DocFormatError(f"{name}: unknown directive <!-- {directive}: -->")
@@ -143,13 +150,16 @@ def parse_page(text: str, name: str) -> Page:
                 if not value.strip():
                     raise DocFormatError(f"{name}:{line}: not-run needs a reason")
                 block.not_run = value.strip()
+            elif directive == "synopsis":
+                block.synopsis = True
             elif directive == "volatile":
                 block.volatile = tuple(value.split())
             else:
                 block.setup = textwrap.dedent(value.strip("\n"))
         pending = []
         first = next((ln for ln in token.content.splitlines() if ln.strip()), "")
-        untagged = block.kind == "text" and not token.info.strip() and block.not_run is None
+        untagged = block.kind == "text" and not token.info.strip()
+        untagged = untagged and block.not_run is None and not block.synopsis
         if untagged and LOOKS_RUNNABLE.match(first):
             raise DocFormatError(
                 f"{name}:{line}: an untagged block that looks runnable ({first!r}): "
@@ -380,6 +390,44 @@ def test_page_runs(path: Path, tmp_path: Path, request: pytest.FixtureRequest) -
     run_shell(page, places, tmp_path)
 
 
+def synopsis_errors(block: Block) -> list[str]:
+    """How a synopsis block and the CLI's parser disagree (nothing when they agree).
+
+    argparse has no public way to list a parser's subcommands and options; its
+    ``_actions`` and ``_option_string_actions`` are what help renderers such as
+    sphinx-argparse and argcomplete read too."""
+    parser = build_parser()
+    commands_action = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    parsers: dict[str, argparse.ArgumentParser] = dict(commands_action.choices)
+    listed: dict[str, set[str]] = {}
+    top: set[str] = set()
+    for line in block.code.splitlines():
+        words = line.split()
+        if len(words) < 2 or words[0] != "disklesslog":
+            continue
+        options = set(re.findall(r"(?<![\w-])--[a-z][a-z0-9-]*", line))
+        if words[1].startswith("-"):
+            top |= options
+        else:
+            listed[words[1]] = options
+    where = f"{block.page}:{block.line}"
+    errors = [f"{where}: no line for the command {c!r}" for c in sorted(set(parsers) - set(listed))]
+    errors += [f"{where}: no such command {c!r}" for c in sorted(set(listed) - set(parsers))]
+    for name, options in sorted(listed.items()):
+        if name in parsers:
+            known = set(parsers[name]._option_string_actions)
+            errors += [f"{where}: {name} has no option {o}" for o in sorted(options - known)]
+    known_top = set(parser._option_string_actions)
+    errors += [f"{where}: disklesslog has no option {o}" for o in sorted(top - known_top)]
+    return errors
+
+
+def test_cli_synopses_match_the_parser() -> None:
+    synopses = [b for p in PAGES for b in parse_page(p.read_text(), p.name).blocks if b.synopsis]
+    assert synopses, "docs/cli.md has a synopsis block"
+    assert [e for b in synopses for e in synopsis_errors(b)] == []
+
+
 # ------------------------------------------------------------ the harness itself
 
 FAKE = """\
@@ -460,6 +508,19 @@ def test_fake_page_with_a_failing_script_fails(tmp_path: Path) -> None:
 def test_broken_conventions_are_refused(text: str, message: str) -> None:
     with pytest.raises(DocFormatError, match=message):
         parse_page(text, "fake.md")
+
+
+def test_a_synopsis_that_drifted_is_reported() -> None:
+    text = (
+        "<!-- synopsis: the commands -->\n```\n"
+        "disklesslog streams URL --shiny\n"
+        "disklesslog teleport URL\n"
+        "disklesslog --version\n```\n"
+    )
+    errors = synopsis_errors(parse_page(text, "fake.md").blocks[0])
+    assert "fake.md:3: streams has no option --shiny" in errors
+    assert "fake.md:3: no such command 'teleport'" in errors
+    assert "fake.md:3: no line for the command 'produce'" in errors
 
 
 @pytest.mark.parametrize(
