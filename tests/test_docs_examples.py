@@ -65,6 +65,9 @@ LOOKS_RUNNABLE = re.compile(
     r"^(\$ |disklesslog |\./dev |\.venv/|git |pip |python|sqlite3 |import |from \S+ import )"
 )
 """The first line of an untagged block that is really a command or code."""
+NEVER_RUN = re.compile(r"(^|[\s$|;&(])(pip install|\./dev )", re.MULTILINE)
+"""Commands a test must not run (they install packages or run the project's tooling):
+a runnable block with one is an error until it is marked not-run."""
 
 PROMPT = "$ "
 COMMAND_TIMEOUT = 60
@@ -165,6 +168,13 @@ def parse_page(text: str, name: str) -> Page:
                 f"{name}:{line}: an untagged block that looks runnable ({first!r}): "
                 "tag it (```python, ```sh, ```console) and run it or mark it not-run"
             )
+        if block.kind in {"session", "script"} and block.not_run is None:
+            found = NEVER_RUN.search(block.code)
+            if found:
+                raise DocFormatError(
+                    f"{name}:{line}: {found.group(2).strip()!r} is not for a test to run: "
+                    "mark the block <!-- not-run: REASON -->"
+                )
         page.blocks.append(block)
     return page
 
@@ -503,6 +513,8 @@ def test_fake_page_with_a_failing_script_fails(tmp_path: Path) -> None:
         ("<!-- not-run: -->\n```python\npass\n```\n", "needs a reason"),
         ("<!-- not-run: why -->\n\nSome text.\n", "not followed by a block"),
         ("<!-- nonsense: x -->\n", "unknown directive"),
+        ("```sh\npip install 'disklesslog[s3]'\n```\n", "'pip install' is not for a test"),
+        ("```console\n$ ./dev test\n```\n", "'./dev' is not for a test"),
     ],
 )
 def test_broken_conventions_are_refused(text: str, message: str) -> None:
