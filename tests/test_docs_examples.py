@@ -246,7 +246,7 @@ def run_python(page: Page, places: Places, cwd: Path) -> None:
     for block in page.runnable("python"):
         if block.setup is not None:
             chunks.append((f"{page.name} (setup before line {block.line})", 1, block.setup))
-        chunks.append((page.name, block.line, places.real(block.code)))
+        chunks.append((page.name, block.line, block.code))
     if not chunks:
         return
     result = subprocess.run(
