@@ -108,6 +108,8 @@ class Page:
         return [b for b in self.blocks if b.kind == kind and b.not_run is None]
 
 
+PROSE = frozenset({"paragraph_open", "heading_open", "table_open", "blockquote_open", "hr"})
+"""What may not come between a block's directives and the block."""
 DIRECTIVE = re.compile(r"<!--\s*([a-z0-9-]+):(.*?)-->", re.DOTALL)
 
 
@@ -141,10 +143,9 @@ def parse_page(text: str, name: str) -> Page:
                     raise DocFormatError(f"{name}: unknown directive <!-- {directive}: -->")
             continue
         if token.type != "fence" or token.map is None:
-            if token.type not in {"paragraph_open", "heading_open", "bullet_list_open"}:
-                continue
-            if pending:
-                raise DocFormatError(f"{name}:{token.map}: a directive not followed by a block")
+            if pending and token.map is not None and token.type in PROSE:
+                where = f"{name}:{token.map[0] + 1}"
+                raise DocFormatError(f"{where}: a directive not followed by a block")
             continue
         line = token.map[0] + 2
         block = Block(name, line, _kind(token.info, token.content), token.content)
@@ -511,7 +512,7 @@ def test_fake_page_with_a_failing_script_fails(tmp_path: Path) -> None:
     [
         ("```\ndisklesslog streams log\n```\n", "looks runnable"),
         ("<!-- not-run: -->\n```python\npass\n```\n", "needs a reason"),
-        ("<!-- not-run: why -->\n\nSome text.\n", "not followed by a block"),
+        ("<!-- not-run: why -->\n\nSome text.\n", "fake.md:3: a directive not followed"),
         ("<!-- nonsense: x -->\n", "unknown directive"),
         ("```sh\npip install 'disklesslog[s3]'\n```\n", "'pip install' is not for a test"),
         ("```console\n$ ./dev test\n```\n", "'./dev' is not for a test"),
