@@ -227,6 +227,32 @@ def test_produce_line_without_key_sep_stops_before_its_chunk(
     assert_one_line_error(err[1], "line 4", "':'", "nothing from line 3 on was written")
 
 
+def test_produce_writes_a_full_chunk_before_reading_the_next_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The bad line comes right after a complete chunk: that chunk is written (the
+    # example of docs/cli.md), and so is a live feed's line before the next one arrives.
+    path = tmp_path / "log"
+    feed(monkeypatch, b"a:1\nb:2\nno separator\n")
+    argv = ["produce", str(path), "s", "--key-sep", ":", "--batch-size", "2"]
+    assert main(argv) == 1
+    assert [(r.key, r.value) for r in records(path, "s")] == [(b"a", b"1"), (b"b", b"2")]
+    err = capsys.readouterr().err.splitlines()
+    assert err[0] == "disklesslog: wrote 2 records to 's' (offsets 0..1)"
+    assert_one_line_error(err[1], "line 3", "nothing from line 3 on was written")
+
+    seen: list[list[bytes | None]] = []
+
+    def live_feed() -> Iterator[bytes]:
+        for line in (b"x\n", b"y\n"):
+            yield line
+            seen.append([r.value for r in records(path, "live")])
+
+    monkeypatch.setattr(sys, "stdin", SimpleNamespace(buffer=live_feed(), isatty=lambda: False))
+    assert main(["produce", str(path), "live", "--batch-size", "1"]) == 0
+    assert seen == [[b"x"], [b"x", b"y"]]
+
+
 def test_produce_writes_atomic_chunks_not_one_append_per_line(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -111,18 +111,23 @@ def _produce(
     stream: Stream, lines: Iterable[bytes], sep: bytes | None, chunk_lines: int, out: _Produced
 ) -> None:
     """Append ``lines`` in chunks of at most ``chunk_lines`` lines and about half of the
-    stream's ``max_batch_bytes``: one atomic batch per chunk instead of one per line."""
+    stream's ``max_batch_bytes``: one atomic batch per chunk instead of one per line.
+    A chunk is appended as soon as it is full, before the next line is read: a live
+    feed's lines land as they come, and a bad line never takes a full chunk with it."""
     budget = _chunk_budget(stream)
     chunk = _Chunk(first_line=1)
     for number, line in enumerate(lines, 1):
         key, value = _parse_line(line, sep, number, chunk.first_line)
         size = len(value) + len(key) + PER_RECORD_OVERHEAD
-        if chunk.values and (len(chunk.values) >= chunk_lines or chunk.size + size > budget):
+        if chunk.values and chunk.size + size > budget:
             _append_chunk(stream, chunk, sep is not None, out)
             chunk = _Chunk(first_line=number)
         chunk.keys.append(key)
         chunk.values.append(value)
         chunk.size += size
+        if len(chunk.values) >= chunk_lines:
+            _append_chunk(stream, chunk, sep is not None, out)
+            chunk = _Chunk(first_line=number + 1)
     if chunk.values:
         _append_chunk(stream, chunk, sep is not None, out)
 

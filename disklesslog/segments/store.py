@@ -326,6 +326,7 @@ class StreamStore:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.directory / segment_name(state.active_segment, LOST_SUFFIX))
         closed = self._closed_segments(bases, state, locked=True)
+        before_loss = state
         try:
             segment, fd, truncated = self._open_active(state, recovering=True, locked=True)
         except DataLossError as exc:
@@ -342,7 +343,13 @@ class StreamStore:
             new.start_offset,
             new.active_segment,
         )
-        if stale and copy_exists:
+        # An accepted loss moves the state on: a copy that matched the state before it
+        # is behind by construction, not damaged, and is rewritten without a warning.
+        expected = copy is not None and (copy.start_offset, copy.active_segment) == (
+            before_loss.start_offset,
+            before_loss.active_segment,
+        )
+        if stale and copy_exists and not (state is not before_loss and expected):
             log.warning(
                 "stream %r: rewriting %s, which was damaged or behind", self.name, STATE_COPY
             )
