@@ -25,6 +25,7 @@ from .errors import (
     InvalidRecordError,
     InvalidStreamName,
     InvalidURL,
+    LeaseLost,
     LogClosedError,
     MissingDependencyError,
     OffsetOutOfRange,
@@ -44,6 +45,7 @@ from .errors import (
     TransactionError,
     UnknownProducerState,
 )
+from .leases import Lease
 from .records import Record, RecordBatch
 from .urls import open_log, register_backend
 from .writer import Writer
@@ -64,6 +66,8 @@ __all__ = [
     "InvalidRecordError",
     "InvalidStreamName",
     "InvalidURL",
+    "Lease",
+    "LeaseLost",
     "Log",
     "LogClosedError",
     "MissingDependencyError",

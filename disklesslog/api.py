@@ -26,6 +26,7 @@ from .errors import (
     StreamNotFound,
 )
 from .format import MAX_OFFSET, MAX_TIMESTAMP
+from .leases import Lease, LeaseKeeper
 from .maintenance.report import MaintenanceReport, Progress
 from .maintenance.retention import Unit, apply_retention
 from .names import validate_group_name, validate_stream_name
@@ -469,6 +470,48 @@ class AbstractLog(ABC):
     @abstractmethod
     def committed_offsets(self, group: str) -> dict[str, int]:
         """The positions ``group`` committed, by stream ({} for a new group)."""
+
+    # ---------------------------------------------------------------- leases
+
+    @abstractmethod
+    def lease_keeper(self) -> LeaseKeeper:
+        """The keeper of this log's leases (for the package's own modules; users call
+        the ``*_lease`` methods): a local log's keeps them in ``leases/``, an object
+        log's in its sequencer."""
+
+    def acquire_lease(self, name: str, holder: str, duration_ms: int) -> Lease | None:
+        """Take lease ``name`` for ``holder`` for ``duration_ms`` milliseconds, or renew
+        it if ``holder`` has it; ``None`` while another holder has it.
+
+        A lease elects one worker among processes (automatic maintenance, a consumer
+        group's leader). The lease is free once released, or once this process has seen
+        it unchanged for its full duration by its own clock (clocks of different
+        machines are never compared; docs/decisions/0010-leases.md). A new holder gets
+        a greater fencing ``token``; pass it to what the lease guards so it can refuse
+        an older holder. Count on the lease only until ``expires_at_ms`` (this process's
+        ``time.monotonic() * 1000``), and renew it well before (e.g. every third of its
+        duration). Holder names must be unique per worker (a host and process id)."""
+        self.check_open()
+        return self.lease_keeper().acquire(name, holder, duration_ms)
+
+    def renew_lease(self, lease: Lease) -> Lease:
+        """Extend ``lease`` by its duration from now; the new :class:`~disklesslog.Lease`
+        has a later ``expires_at_ms``. Raises :class:`~disklesslog.LeaseLost` if it was
+        released or taken over by another holder."""
+        self.check_open()
+        return self.lease_keeper().renew(lease)
+
+    def release_lease(self, lease: Lease) -> None:
+        """Give ``lease`` up so another holder can take it at once. Idempotent; a lease
+        already taken over is left to its new holder."""
+        self.check_open()
+        self.lease_keeper().release(lease)
+
+    def lease_holder(self, name: str) -> Lease | None:
+        """Who holds lease ``name`` as far as this process can tell (``None``: free or
+        expired); ``expires_at_ms`` is the earliest this process could take it over."""
+        self.check_open()
+        return self.lease_keeper().holder(name)
 
     def consumer(
         self,

@@ -17,6 +17,7 @@ __all__ = [
     "InvalidRecordError",
     "InvalidStreamName",
     "InvalidURL",
+    "LeaseLost",
     "LogClosedError",
     "MissingDependencyError",
     "OffsetOutOfRange",
@@ -266,6 +267,12 @@ class UnknownProducerState(OutOfOrderSequence):
     def __init__(self, message: str, *, stream: str) -> None:
         super().__init__(message)
         self.stream = stream
+
+
+class LeaseLost(DisklessLogError):
+    """The lease this call names is no longer held by its holder: another holder took it
+    over after it expired (its fencing token is greater), or it was released. Stop doing
+    what the lease guarded, and acquire it again if the work is still wanted."""
 
 
 class SequencerConflict(SequencerError):

@@ -29,6 +29,7 @@ from ..errors import (
     OffsetOutOfRange,
     StreamNotFound,
 )
+from ..leases import LeaseKeeper
 from ..maintenance.report import MaintenanceReport, Progress
 from ..maintenance.retention import Unit
 from ..markers import MARKER, check_marker, marker_bytes
@@ -413,6 +414,10 @@ class ObjectLog(AbstractLog):
     def committed_offsets(self, group: str) -> dict[str, int]:
         self.check_open()
         return self.sequencer.committed_offsets(validate_group_name(group))
+
+    def lease_keeper(self) -> LeaseKeeper:
+        """The sequencer's keeper: leases are sequencer state (``swap_lease``)."""
+        return self.sequencer.lease_keeper()
 
     # -------------------------------------------------------------- lifecycle
 

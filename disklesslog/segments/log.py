@@ -49,6 +49,7 @@ from ..errors import (
     StreamNotFound,
 )
 from ..format import EncodedBatch, as_column, encode_batch_borrowed, encode_record
+from ..leases import LeaseKeeper
 from ..maintenance.compaction import DEFAULT_MAX_KEYS, require_compacted
 from ..maintenance.grace import resolve_grace
 from ..maintenance.report import MaintenanceReport, Progress
@@ -80,6 +81,7 @@ from .layout import (
     segment_name,
     write_json,
 )
+from .leases import lease_keeper
 from .store import FSYNC_POLICIES, Repair, StreamGone, StreamStore, flag_deleted
 from .tiering import operations as tiering
 from .tiering.manifest import Manifest, ManifestCache
@@ -299,6 +301,10 @@ class SegmentLog(AbstractLog):
         """The offsets ``group`` committed, by stream (``{}`` for a new group)."""
         self.check_open()
         return groups.committed_offsets(self.path, validate_group_name(group))
+
+    def lease_keeper(self) -> LeaseKeeper:
+        """Leases in ``leases/<name>.json`` (:mod:`~disklesslog.segments.leases`)."""
+        return lease_keeper(self.path)
 
     # ---------------------------------------------------------- maintenance
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import pytest
@@ -28,6 +28,7 @@ from disklesslog import (
 )
 
 from .fixtures import LogFactory, LogFixtures
+from .leases import LeaseContract
 
 __all__ = ["LogContract"]
 
@@ -90,9 +91,37 @@ def _assert_starts_at(stream: disklesslog.Stream, start: int, end: int) -> None:
         )
 
 
-class LogContract(LogFixtures):
+class LogContract(LogFixtures, LeaseContract):
     """The Log/Stream contract: appends, reads, streams, trims, durability, follow,
-    writers and concurrency, through the public API only."""
+    writers, concurrency and leases, through the public API only."""
+
+    LEASE_MS = 2_000  # real time passes: the expiry test waits this long
+
+    @pytest.fixture
+    def lease_owner(self, log: disklesslog.Log) -> disklesslog.Log:
+        return log
+
+    @pytest.fixture
+    def wait(self) -> Callable[[float], None]:
+        return time.sleep
+
+    def test_lease_tokens_never_go_backwards_across_reopen(self, log_factory: LogFactory) -> None:
+        first = log_factory()
+        lease = first.acquire_lease("m", "a", self.LEASE_MS)
+        assert lease is not None
+        first.release_lease(lease)
+        first.close()
+        again = log_factory()
+        assert again.lease_holder("m") is None
+        taken = again.acquire_lease("m", "b", self.LEASE_MS)
+        assert taken is not None and taken.token == lease.token + 1
+        again.close()
+        third = log_factory()
+        held = third.lease_holder("m")
+        assert held is not None and (held.holder, held.token) == ("b", taken.token)
+        assert third.acquire_lease("m", "c", self.LEASE_MS) is None
+        with pytest.raises(LogClosedError):
+            again.acquire_lease("m", "b", self.LEASE_MS)
 
     # ----------------------------------------------------------------------- append
 
