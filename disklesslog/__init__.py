@@ -41,6 +41,7 @@ from .errors import (
     StorageUnavailable,
     StreamExistsError,
     StreamNotFound,
+    TooManyOpenFiles,
     TransactionError,
     UnknownProducerState,
 )
@@ -86,6 +87,7 @@ __all__ = [
     "StreamExistsError",
     "StreamInfo",
     "StreamNotFound",
+    "TooManyOpenFiles",
     "TransactionError",
     "UnknownProducerState",
     "Writer",

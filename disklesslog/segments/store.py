@@ -16,6 +16,15 @@ Key compaction replaces closed segment files under the lock (:mod:`.swap`). A
 lock-free reader therefore lists the directory only while no swap is under way, and
 checks afterwards that the state record did not change while it looked; on compacted
 streams a cached :class:`Segment` is reused only while its file has the same inode.
+
+A store holds two descriptors (the state file, which is also the lock, and the active
+segment). A process with many streams *parks* the stores it has not used lately
+(:meth:`StreamStore.park`): their descriptors are closed and their view of the files is
+kept, so the next call reopens the two files and goes on as after any other pause,
+catching up with what other processes did meanwhile: no recovery scan, no sync. The
+view is trusted again only if both files are the ones it was built from
+(:class:`_Identity`); otherwise the stream was deleted (and perhaps created anew) and
+the store is gone.
 """
 
 from __future__ import annotations
@@ -46,6 +55,7 @@ from ..metrics import Metrics
 from ..storage.atomic import fsync_directory
 from . import loss, swap
 from .layout import (
+    CONFIG,
     FLAG_DELETED,
     FLAG_SWAPPING,
     FLAG_UNSYNCED,
@@ -136,6 +146,17 @@ path). Kept here rather than on the store: it outlives a store that failed to ma
 same path makes it before anything else."""
 
 
+class _Identity(NamedTuple):
+    """Which files a parked store's view was built from: the state file (inode and
+    change time, which every write of the record moves) and ``stream.json`` (inode and
+    change time, fixed from the stream's creation until an ``alter_stream`` replaces
+    it). A stream deleted and created again has new files; reusing an inode number
+    within the same clock tick for both is what it would take to look the same."""
+
+    state: tuple[int, int, int]
+    config: tuple[int, int, int]
+
+
 class Snapshot(NamedTuple):
     """A consistent view for one read: extent plus each segment and the byte end to read."""
 
@@ -157,8 +178,18 @@ class StreamStore:
         *,
         hold: Callable[[str], int | None] | None = None,
         repair: Repair | None = None,
+        on_open: Callable[[StreamStore], None] | None = None,
     ) -> None:
         self.name = name
+        # Told when a parked store opens its files again (the log counts open stores).
+        self._on_open = on_open
+        self._parked = False
+        self._identity: _Identity | None = None  # of the files, while parked
+        self.used = True
+        """Set by every call; the log clears it to find stores not used lately."""
+        self.pins = 0
+        """Calls in progress through the log (changed under the log's lock): a store
+        with pins is never parked."""
         self._repair = repair
         self.repairs: list[str] = []
         """What the recovery run with ``repair`` did, one line each."""
@@ -203,8 +234,10 @@ class StreamStore:
     def locked(self) -> Iterator[None]:
         """Hold this stream's lock (this process's mutex and the file lock), for a change
         that appends, trims and compactions in any process must not interleave with."""
-        with self._mutex, self._locked():
-            yield
+        with self._mutex:
+            self._attach()
+            with self._locked():
+                yield
 
     @contextlib.contextmanager
     def _locked(self) -> Iterator[None]:
@@ -234,6 +267,108 @@ class StreamStore:
     def _check_open(self) -> None:
         if self._closed:
             raise LogClosedError(f"stream {self.name!r} is closed")
+
+    # ---------------------------------------------------------------- parking
+
+    def park(self) -> bool:
+        """Close this store's descriptors if nothing uses it now; whether it did.
+
+        Never waits: a store another thread is in (an append, a read's snapshot, a
+        sync), whose lock is held, or that has pins, is left open. The view of the
+        files stays; unsynced appends stay unsynced (the fsync thread and
+        :meth:`close` sync a parked store through descriptors of their own)."""
+        if not self._mutex.acquire(blocking=False):
+            return False
+        try:
+            if self._closed or self._parked or self._lock_held or self.pins:
+                return False
+            self._release()
+            self._parked = True
+            return True
+        finally:
+            self._mutex.release()
+
+    @property
+    def parked(self) -> bool:
+        """Whether the store's descriptors are closed until its next use."""
+        return self._parked
+
+    def _attach(self) -> None:
+        """Before a call uses the files (mutex held): mark the store used and reopen a
+        parked one, telling the log (which may park others)."""
+        self.used = True
+        if not self._parked:
+            return
+        self._check_open()
+        self._reopen()
+        self._parked = False
+        if self._on_open is not None:
+            self._on_open(self)
+
+    @contextlib.contextmanager
+    def _descriptors(self) -> Iterator[None]:
+        """The files open for one call of the store's own (mutex held): a sync or a close
+        of a parked store opens them for the call alone and stays parked."""
+        if not self._parked:
+            yield
+            return
+        self._reopen()
+        try:
+            yield
+        finally:
+            self._release()
+
+    def _release(self) -> None:
+        """Record which files the view belongs to, then close the descriptors (mutex
+        held, lock not held)."""
+        try:
+            state = os.fstat(self._lock_fd)
+            self._identity = _Identity(
+                (state.st_dev, state.st_ino, state.st_ctime_ns),
+                _config_identity(self.directory),
+            )
+        except OSError:
+            self._identity = None  # reopening then finds the stream gone
+        self._close_fds()
+
+    def _reopen(self) -> None:
+        """Open the state and active files of a parked store again (mutex held).
+
+        :class:`StreamGone` if they are not the files the view was built from. If the
+        state record changed meanwhile (another process appended, rolled, trimmed...),
+        the next refresh catches up as it would after any pause; if the active file
+        itself went (trimmed away by another process), the next call runs recovery
+        under the lock, which rebuilds the view from the files."""
+        try:
+            lock_fd = os.open(self.directory / STATE, os.O_RDWR)
+        except FileNotFoundError:
+            raise StreamGone(self.name) from None
+        active_fd = -1
+        try:
+            stat = os.fstat(lock_fd)
+            state = (stat.st_dev, stat.st_ino, stat.st_ctime_ns)
+            known = self._identity
+            if known is None or state[:2] != known.state[:2]:
+                raise StreamGone(self.name)
+            unchanged = state == known.state
+            if not unchanged and _config_identity(self.directory) != known.config:
+                raise StreamGone(self.name)
+            active = self._segments[-1]
+            with contextlib.suppress(FileNotFoundError):
+                active_fd = os.open(active.log_path, os.O_RDWR | os.O_APPEND)
+            # The state record is untouched since the store was parked: nothing rolled,
+            # trimmed, swapped or truncated, so this is the file the view knows.
+            if not unchanged and active_fd >= 0 and os.fstat(active_fd).st_ino != active.inode:
+                close_quietly(active_fd)
+                active_fd = -1
+        except BaseException:
+            close_quietly(lock_fd)
+            if active_fd >= 0:
+                close_quietly(active_fd)
+            raise
+        self._lock_fd, self._active_fd = lock_fd, active_fd
+        if active_fd < 0:
+            self._broken = True
 
     def _write_state(self, state: StreamState, *, sync: bool = False, copy: bool = False) -> None:
         """Write the state record; with ``copy`` (the start offset or the active segment
@@ -784,6 +919,7 @@ class StreamStore:
         with self._mutex:
             if self._closed:
                 self._check_open()
+            self._attach()
             fcntl.flock(self._lock_fd, fcntl.LOCK_EX)
             try:
                 self._refresh(locked=True)
@@ -1137,6 +1273,7 @@ class StreamStore:
         two files, and the start offset never moves back once a trim returned."""
         with self._mutex:
             self._check_open()
+            self._attach()
             with self._locked():
                 self._refresh(locked=True)
                 end = self._active.end_offset
@@ -1165,16 +1302,18 @@ class StreamStore:
 
     def mark_deleted(self) -> None:
         """Flag the stream deleted so every process drops it (the caller removes the files)."""
-        with self._mutex, self._locked():
-            self._write_state(
-                replace(
-                    self._state,
-                    generation=self._state.generation + 1,
-                    flags=self._state.flags | FLAG_DELETED,
-                ),
-                sync=self._fsync != "never",
-            )
-            self._closed = True
+        with self._mutex:
+            self._attach()
+            with self._locked():
+                self._write_state(
+                    replace(
+                        self._state,
+                        generation=self._state.generation + 1,
+                        flags=self._state.flags | FLAG_DELETED,
+                    ),
+                    sync=self._fsync != "never",
+                )
+                self._closed = True
 
     # ------------------------------------------------------------- durability
 
@@ -1187,10 +1326,15 @@ class StreamStore:
     def sync(self) -> None:
         """Make written data durable and advance the recovery point (the interval policy).
 
-        The fsync runs without holding the lock, so appends continue meanwhile.
+        The fsync runs without holding the lock, so appends continue meanwhile; that of
+        a parked store (not in use) runs under it, through descriptors opened for it.
         """
         with self._mutex:
             if self._closed or not self._unsynced:
+                return
+            if self._parked:
+                with self._descriptors(), self._locked():
+                    self._sync_locked()
                 return
             if self._broken:  # recovery syncs the active segment and moves the point
                 with self._locked():
@@ -1211,11 +1355,19 @@ class StreamStore:
         with self._mutex:
             if self._closed:
                 return
-            with self._locked():
+            with self._descriptors(), self._locked():  # parked meanwhile?
                 self._refresh(locked=True)
                 state = self._state
                 if state.active_segment == base and state.recovery_position < size:
                     self._write_state(self._recovery_moved(state, size, end))
+
+    def _sync_locked(self) -> None:
+        """Sync this process's appends and move the recovery point past them (lock held)."""
+        self._refresh(locked=True)  # recovers first if a failure left it to
+        if self._unsynced:
+            self._sync_data()
+            if self._state.recovery_position < self._active.size:
+                self._write_state(self._recovered())
 
     def close(self) -> None:
         """Sync, record the recovery point and release the files. Idempotent."""
@@ -1225,12 +1377,8 @@ class StreamStore:
                 return
             try:
                 if self._unsynced or self._broken:
-                    with self._locked():
-                        self._refresh(locked=True)  # recovers first if a failure left it to
-                        if self._unsynced:
-                            self._sync_data()
-                            if self._state.recovery_position < self._active.size:
-                                self._write_state(self._recovered())
+                    with self._descriptors(), self._locked():
+                        self._sync_locked()
             except StreamGone:
                 pass
             finally:
@@ -1250,6 +1398,7 @@ class StreamStore:
         """
         with self._mutex:
             self._check_open()
+            self._attach()
             if fresh:
                 with self._locked():
                     self._refresh(locked=True)
@@ -1270,8 +1419,10 @@ class StreamStore:
 
     @contextlib.contextmanager
     def _exclusive(self) -> Iterator[None]:
-        with self._mutex, self._locked():
-            yield
+        with self._mutex:
+            self._attach()
+            with self._locked():
+                yield
 
     # ------------------------------------------------------------- compaction
 
@@ -1280,6 +1431,7 @@ class StreamStore:
         than at the next open: a compactor calls this before its pass."""
         with self._mutex:
             self._check_open()
+            self._attach()
             with self._locked():
                 if self._state.swapping or (self.directory / INTENT).exists():
                     self._recover()
@@ -1300,6 +1452,7 @@ class StreamStore:
         sync = self._fsync != "never"
         with self._mutex:
             self._check_open()
+            self._attach()
             with self._locked():
                 self._refresh(locked=True)
                 active = self._state.active_segment
@@ -1397,6 +1550,12 @@ def _runs(
         runs[-1].append(batch)
         size += entry
     return runs
+
+
+def _config_identity(directory: Path) -> tuple[int, int, int]:
+    """Device, inode and change time of the stream's ``stream.json`` (see :class:`_Identity`)."""
+    stat = os.stat(directory / CONFIG)
+    return stat.st_dev, stat.st_ino, stat.st_ctime_ns
 
 
 def _fdatasync(fd: int) -> None:
