@@ -22,8 +22,8 @@ segment). A process with many streams *parks* the stores it has not used lately
 (:meth:`StreamStore.park`): their descriptors are closed and their view of the files is
 kept, so the next call reopens the two files and goes on as after any other pause,
 catching up with what other processes did meanwhile: no recovery scan, no sync. The
-view is trusted again only if both files are the ones it was built from
-(:class:`_Identity`); otherwise the stream was deleted (and perhaps created anew) and
+view is trusted again only if the files are the ones it was built from
+(:meth:`StreamStore._reopen`); otherwise the stream was deleted (and perhaps created anew) and
 the store is gone.
 """
 
@@ -146,17 +146,6 @@ path). Kept here rather than on the store: it outlives a store that failed to ma
 same path makes it before anything else."""
 
 
-class _Identity(NamedTuple):
-    """Which files a parked store's view was built from: the state file (inode and
-    change time, which every write of the record moves) and ``stream.json`` (inode and
-    change time, fixed from the stream's creation until an ``alter_stream`` replaces
-    it). A stream deleted and created again has new files; reusing an inode number
-    within the same clock tick for both is what it would take to look the same."""
-
-    state: tuple[int, int, int]
-    config: tuple[int, int, int]
-
-
 class Snapshot(NamedTuple):
     """A consistent view for one read: extent plus each segment and the byte end to read."""
 
@@ -184,7 +173,11 @@ class StreamStore:
         # Told when a parked store opens its files again (the log counts open stores).
         self._on_open = on_open
         self._parked = False
-        self._identity: _Identity | None = None  # of the files, while parked
+        # Which files the view belongs to (see _reopen): the state file's device, inode
+        # and change time when first parked or last reopened, stream.json's when the
+        # store opened.
+        self._state_id: tuple[int, int, int] | None = None
+        self._config_id: tuple[int, int, int] | None = None
         self.used = True
         """Set by every call; the log clears it to find stores not used lately."""
         self.pins = 0
@@ -216,11 +209,13 @@ class StreamStore:
         self._state = StreamState()
         self._state_raw = b""
         self._lock_held = False  # _locked() is reentrant (see there)
+        self._state_path = os.path.join(directory, STATE)
         try:
-            self._lock_fd = os.open(directory / STATE, os.O_RDWR)
+            self._lock_fd = os.open(self._state_path, os.O_RDWR)
         except FileNotFoundError:
             raise StreamGone(name) from None
         try:
+            self._config_id = _identity(os.stat(directory / CONFIG))
             with self._mutex, self._locked():
                 self._recover()
         except BaseException:
@@ -319,40 +314,48 @@ class StreamStore:
             self._release()
 
     def _release(self) -> None:
-        """Record which files the view belongs to, then close the descriptors (mutex
-        held, lock not held)."""
-        try:
-            state = os.fstat(self._lock_fd)
-            self._identity = _Identity(
-                (state.st_dev, state.st_ino, state.st_ctime_ns),
-                _config_identity(self.directory),
-            )
-        except OSError:
-            self._identity = None  # reopening then finds the stream gone
+        """Close the descriptors (mutex held, lock not held), first recording which
+        state file the view belongs to unless the last reopen did. A failed close loses
+        nothing: the lock is not held, and appends not synced yet are synced through
+        the file's next descriptor, whose first sync reports a write-back error no
+        descriptor has reported."""
+        if self._state_id is None:
+            try:
+                self._state_id = _identity(os.fstat(self._lock_fd))
+            except OSError:
+                self._state_id = (0, 0, 0)  # reopening then finds the stream gone
         self._close_fds()
 
     def _reopen(self) -> None:
         """Open the state and active files of a parked store again (mutex held).
 
-        :class:`StreamGone` if they are not the files the view was built from. If the
-        state record changed meanwhile (another process appended, rolled, trimmed...),
-        the next refresh catches up as it would after any pause; if the active file
-        itself went (trimmed away by another process), the next call runs recovery
-        under the lock, which rebuilds the view from the files."""
+        :class:`StreamGone` if they are not the files the view was built from: the
+        state file is another inode, or it was written since the store was last
+        reopened (or first parked) and ``stream.json`` is not the one the store opened
+        with (a stream deleted and
+        created again has new files of both; the same inode numbers for both, the new
+        ``stream.json`` made within the old one's clock tick, is what it would take to
+        look the same). ``alter_stream`` replaces ``stream.json`` too, so after one the
+        store may be found gone and opened afresh: slower, never wrong.
+
+        If the state record changed meanwhile (another process appended, rolled,
+        trimmed...), the next refresh catches up as it would after any pause; if the
+        active file itself went (trimmed away by another process), the next call runs
+        recovery under the lock, which rebuilds the view from the files."""
         try:
-            lock_fd = os.open(self.directory / STATE, os.O_RDWR)
+            lock_fd = os.open(self._state_path, os.O_RDWR)
         except FileNotFoundError:
             raise StreamGone(self.name) from None
         active_fd = -1
         try:
-            stat = os.fstat(lock_fd)
-            state = (stat.st_dev, stat.st_ino, stat.st_ctime_ns)
-            known = self._identity
-            if known is None or state[:2] != known.state[:2]:
+            state = _identity(os.fstat(lock_fd))
+            known = self._state_id
+            if known is None or state[:2] != known[:2]:
                 raise StreamGone(self.name)
-            unchanged = state == known.state
-            if not unchanged and _config_identity(self.directory) != known.config:
+            unchanged = state == known
+            if not unchanged and _identity(os.stat(self.directory / CONFIG)) != self._config_id:
                 raise StreamGone(self.name)
+            self._state_id = state
             active = self._segments[-1]
             with contextlib.suppress(FileNotFoundError):
                 active_fd = os.open(active.log_path, os.O_RDWR | os.O_APPEND)
@@ -1552,9 +1555,9 @@ def _runs(
     return runs
 
 
-def _config_identity(directory: Path) -> tuple[int, int, int]:
-    """Device, inode and change time of the stream's ``stream.json`` (see :class:`_Identity`)."""
-    stat = os.stat(directory / CONFIG)
+def _identity(stat: os.stat_result) -> tuple[int, int, int]:
+    """Device, inode and change time of a file: which file it is, and whether it was
+    written (a write moves the change time)."""
     return stat.st_dev, stat.st_ino, stat.st_ctime_ns
 
 
