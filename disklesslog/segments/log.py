@@ -791,7 +791,8 @@ class SegmentLog(AbstractLog):
         with self._lock:
             if self._stores.get(store.name) is store:
                 self._open[store] = None
-                self._park_unused(keep=store)
+                if len(self._open) > self._max_open:
+                    self._park_unused(keep=store)
 
     def _park_unused(self, *, keep: StreamStore | None = None) -> None:
         """Park stores until at most ``max_open_streams`` hold descriptors (lock held).

@@ -324,7 +324,14 @@ class StreamStore:
                 self._state_id = _identity(os.fstat(self._lock_fd))
             except OSError:
                 self._state_id = (0, 0, 0)  # reopening then finds the stream gone
-        self._close_fds()
+        fds = self._active_fd, self._lock_fd
+        self._active_fd = self._lock_fd = -1
+        for fd in fds:
+            if fd >= 0:
+                try:  # noqa: SIM105 (a suppress() per close costs as much as the close)
+                    os.close(fd)
+                except OSError:
+                    pass
 
     def _reopen(self) -> None:
         """Open the state and active files of a parked store again (mutex held).
@@ -348,17 +355,17 @@ class StreamStore:
             raise StreamGone(self.name) from None
         active_fd = -1
         try:
-            state = _identity(os.fstat(lock_fd))
-            known = self._state_id
-            if known is None or state[:2] != known[:2]:
-                raise StreamGone(self.name)
-            unchanged = state == known
-            if not unchanged and _identity(os.stat(self.directory / CONFIG)) != self._config_id:
-                raise StreamGone(self.name)
+            stat = os.fstat(lock_fd)
+            state = stat.st_dev, stat.st_ino, stat.st_ctime_ns
+            unchanged = state == self._state_id
+            if not unchanged:
+                self._check_files(state)
             self._state_id = state
             active = self._segments[-1]
-            with contextlib.suppress(FileNotFoundError):
+            try:  # noqa: SIM105 (a suppress() costs as much as the open: the hot path)
                 active_fd = os.open(active.log_path, os.O_RDWR | os.O_APPEND)
+            except FileNotFoundError:
+                pass
             # The state record is untouched since the store was parked: nothing rolled,
             # trimmed, swapped or truncated, so this is the file the view knows.
             if not unchanged and active_fd >= 0 and os.fstat(active_fd).st_ino != active.inode:
@@ -372,6 +379,16 @@ class StreamStore:
         self._lock_fd, self._active_fd = lock_fd, active_fd
         if active_fd < 0:
             self._broken = True
+
+    def _check_files(self, state: tuple[int, int, int]) -> None:
+        """:class:`StreamGone` unless the state file (``state``: device, inode, change
+        time), written since the store was last reopened, and ``stream.json`` are still
+        the files the store opened with (see :meth:`_reopen`)."""
+        known = self._state_id
+        if known is None or state[:2] != known[:2]:
+            raise StreamGone(self.name)
+        if _identity(os.stat(self.directory / CONFIG)) != self._config_id:
+            raise StreamGone(self.name)
 
     def _write_state(self, state: StreamState, *, sync: bool = False, copy: bool = False) -> None:
         """Write the state record; with ``copy`` (the start offset or the active segment
