@@ -42,6 +42,7 @@ from .errors import (
     StorageUnavailable,
     StreamExistsError,
     StreamNotFound,
+    TooManyOpenFiles,
     TransactionError,
     UnknownProducerState,
 )
@@ -90,6 +91,7 @@ __all__ = [
     "StreamExistsError",
     "StreamInfo",
     "StreamNotFound",
+    "TooManyOpenFiles",
     "TransactionError",
     "UnknownProducerState",
     "Writer",

@@ -34,6 +34,7 @@ __all__ = [
     "StorageUnavailable",
     "StreamExistsError",
     "StreamNotFound",
+    "TooManyOpenFiles",
     "TransactionError",
     "UnknownProducerState",
 ]
@@ -225,6 +226,17 @@ class StorageThrottled(StorageError):
     Azure's ServerBusy) until the retry deadline, despite the longer backoff this
     library gives throttled requests. Retry later, or spread the load (fewer concurrent
     writers, or writers that flush less often)."""
+
+    retriable = True
+
+
+class TooManyOpenFiles(StorageError):
+    """The process (``EMFILE``) or the system (``ENFILE``) ran out of file descriptors.
+    The call failed as any failed call does (nothing of it half done), and the log
+    works again once descriptors are free.
+    Lower ``max_open_streams`` (a local log holds two per open stream), close logs,
+    readers and files you no longer need, or raise the limit (``ulimit -n``,
+    ``resource.setrlimit(RLIMIT_NOFILE, ...)``)."""
 
     retriable = True
 

@@ -982,6 +982,8 @@ SEGMENTS_OPTIONS: list[tuple[str, dict[str, Any], type[DisklessLogError]]] = [
     ("fsync-interval-str", {"fsync_interval_ms": "1000"}, ConfigError),
     ("fsync-interval-huge", {"fsync_interval_ms": 3_600_001}, ConfigError),
     ("fsync-interval-bool", {"fsync_interval_ms": True}, ConfigError),
+    ("max-open-streams-zero", {"max_open_streams": 0}, ConfigError),
+    ("max-open-streams-str", {"max_open_streams": "64"}, ConfigError),
     ("cleaner-max-keys-zero", {"cleaner_max_keys": 0}, ConfigError),
     ("cleaner-max-keys-str", {"cleaner_max_keys": "many"}, ConfigError),
     ("tier-url-int", {"tier_url": 5}, InvalidURL),
@@ -1014,6 +1016,7 @@ OBJECTS_OPTIONS: list[tuple[str, dict[str, Any], type[DisklessLogError]]] = [
     ("cache-true", {"cache": True}, ConfigError),
     ("fsync-on-objects", {"fsync": "always"}, ConfigError),
     ("fsync-interval-on-objects", {"fsync_interval_ms": 10}, ConfigError),
+    ("max-open-streams-on-objects", {"max_open_streams": 64}, ConfigError),
     ("tier-url-on-objects", {"tier_url": "memory://t"}, ConfigError),
     ("writer-option-on-objects", {"max_inflight": 2}, ConfigError),
 ]

@@ -556,7 +556,9 @@ class ObjectStream(Stream):
         return "batch" if count == 1 else "batches"
 
 
-LOCAL_ONLY_OPTIONS = frozenset({"tier_url", "tier_storage_options", "fsync", "fsync_interval_ms"})
+LOCAL_ONLY_OPTIONS = frozenset(
+    {"tier_url", "tier_storage_options", "fsync", "fsync_interval_ms", "max_open_streams"}
+)
 """Options of the segments backend that make no sense here: refused by name rather than
 with a generic "unknown option"."""
 
