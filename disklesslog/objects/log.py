@@ -418,6 +418,10 @@ class ObjectLog(AbstractLog):
         self.check_open()
         return self.sequencer.committed_offsets(validate_group_name(group))
 
+    def groups(self) -> list[str]:
+        self.check_open()
+        return self.sequencer.list_groups()
+
     # -------------------------------------------------------------- lifecycle
 
     def metrics(self) -> dict[str, float]:
