@@ -824,7 +824,9 @@ def test_read_commands_never_create_a_log(
 ) -> None:
     missing = tmp_path / "typo" / "log"
     assert main([argv[0], str(missing), *argv[1:]]) == 1
-    assert_one_line_error(capsys.readouterr().err, str(missing), "is not a log")
+    err = capsys.readouterr().err
+    assert_one_line_error(err, str(missing), "is not a log: it does not exist (check the path")
+    assert "create=False" not in err  # the user's words, not a keyword argument's
     assert not missing.exists()
     assert not missing.parent.exists()
 
@@ -872,7 +874,9 @@ def test_consume_beyond_the_end(
     assert main(["consume", str(log), "s", "--from", start]) == 1
     captured = capsys.readouterr()
     assert captured.out == ""
-    assert_one_line_error(captured.err, f"offset {start}", "[0, 3]")
+    assert_one_line_error(
+        captured.err, f"offset {start} is outside the range of stream 's', [0, 3]"
+    )
     assert main(["consume", str(log), "s", "--from", start, "--follow"]) == 1
     assert_one_line_error(capsys.readouterr().err, f"offset {start}")
 

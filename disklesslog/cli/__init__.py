@@ -1,7 +1,7 @@
 """The ``disklesslog`` command: inspect, feed, read and check logs from a shell.
 
-Every subcommand opens the log at a URL, does one thing and closes it. Read commands
-open with ``create=False`` so a mistyped path is an error instead of a new empty log.
+Every subcommand opens the log at a URL, does one thing and closes it. Only ``produce``
+and ``create`` create a log, so a mistyped path is an error instead of a new empty log.
 Failures a user can cause (bad URL, bad stream name, missing stream, offsets out of
 range, permissions) print one line ``disklesslog: error: ...`` and exit 1; usage
 errors exit 2 (argparse). See ``docs/cli.md`` for the reference.

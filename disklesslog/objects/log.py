@@ -667,7 +667,9 @@ def _check_root(storage: ObjectStorage, url: str, *, create: bool) -> bool:
             f"{MARKER}); open an empty or new location instead"
         )
     if not create:
-        raise InvalidURL(f"{url} is not a log (no {MARKER}; opened with create=False)")
+        raise InvalidURL(
+            f"{url} is not a log: it has no {MARKER} (check the URL; this does not create a log)"
+        )
     return False
 
 

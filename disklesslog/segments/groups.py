@@ -131,7 +131,7 @@ def _decode(raw: bytes, path: Path, group: str) -> dict[str, int]:
     offsets = content.get("offsets")
     if content.get("group") != group or not isinstance(offsets, dict):
         raise CorruptDataError(
-            f"consumer group file does not hold group {group!r}'s offsets", source=str(path)
+            f"consumer group file does not hold the offsets of group {group!r}", source=str(path)
         )
     for stream, offset in offsets.items():
         if type(stream) is not str or type(offset) is not int or offset < 0:
