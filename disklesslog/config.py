@@ -200,6 +200,17 @@ class StreamConfig:
             raise ConfigError(f"nothing to alter; alterable: {sorted(ALTERABLE)}")
         return self.replace(**changes)
 
+    def differences(self, wanted: StreamConfig) -> str:
+        """The settings in which this config differs from ``wanted``, in words
+        (``retention_ms is 604800000, not -1``): for the error of a stream created
+        again with other settings."""
+        mine, theirs = self.to_dict(), wanted.to_dict()
+        return ", ".join(
+            f"{key} is {mine[key]!r}, not {theirs[key]!r}"
+            for key in mine
+            if mine[key] != theirs[key]
+        )
+
     def replace(self, **changes: Any) -> StreamConfig:
         """A copy with ``changes`` applied (validated like a new config)."""
         return self.from_dict({**self.to_dict(), **changes})

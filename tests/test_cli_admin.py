@@ -46,7 +46,11 @@ def test_create_makes_the_log_and_the_stream_with_its_settings(
     assert main(["create", str(path), "events", *same, "--config", "cleanup_policy=compact"]) == 0
     assert capsys.readouterr().out == "stream 'events' already exists with these settings\n"
     assert main(["create", str(path), "events"]) == 1
-    assert "already exists with a different configuration" in one_error(capsys.readouterr().err)
+    assert one_error(capsys.readouterr().err) == (
+        "disklesslog: error: stream 'events' already exists with other settings: "
+        "cleanup_policy is 'compact', not 'delete', "
+        "retention_ms is 604800000, not -1, retention_bytes is 8192, not -1"
+    )
 
 
 @pytest.mark.parametrize(

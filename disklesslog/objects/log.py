@@ -122,7 +122,8 @@ class ObjectLog(AbstractLog):
         existing = StreamConfig.from_dict(meta.config)
         if existing != wanted:
             raise StreamExistsError(
-                f"stream {name!r} already exists with a different configuration: {existing}"
+                f"stream {name!r} already exists with other settings: "
+                f"{existing.differences(wanted)}"
             )
         with self._lock:
             self._configs[name] = existing

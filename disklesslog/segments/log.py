@@ -207,7 +207,8 @@ class SegmentLog(AbstractLog):
         existing = self.read_config(name)
         if existing != wanted:
             raise StreamExistsError(
-                f"stream {name!r} already exists with a different configuration: {existing}"
+                f"stream {name!r} already exists with other settings: "
+                f"{existing.differences(wanted)}"
             )
         return SegmentStream(self, name)
 

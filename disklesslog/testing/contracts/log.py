@@ -392,8 +392,12 @@ class LogContract(LogFixtures):
     def test_create_stream_is_idempotent_for_the_same_config(self, log: disklesslog.Log) -> None:
         log.create_stream("s", compression="zstd")
         log.create_stream("s", compression="zstd").append(b"x")
-        with pytest.raises(StreamExistsError):
-            log.create_stream("s", compression="none")
+        with pytest.raises(StreamExistsError) as refused:
+            log.create_stream("s", compression="none", retention_ms=60_000)
+        assert str(refused.value) == (
+            "stream 's' already exists with other settings: "
+            "compression is 'zstd', not 'none', retention_ms is -1, not 60000"
+        )
         assert log.stream("s").config.compression == "zstd"
 
     def test_streams_lists_sorted(self, log: disklesslog.Log) -> None:
