@@ -146,6 +146,7 @@ def test_accepted_inputs(parse: Callable[[str], Any], text: str, value: Any) -> 
         (timestamp_ms, "yesterday", f"not a time: 'yesterday' {NOT_A_TIME}"),
         (timestamp_ms, "2024-13-01", f"not a time: '2024-13-01' {NOT_A_TIME}"),
         (timestamp_ms, "-5", f"not a time: '-5' {NOT_A_TIME}"),
+        (timestamp_ms, "\u00b2", f"not a time: '\u00b2' {NOT_A_TIME}"),
         (timestamp_ms, "1969-12-31T00:00:00Z", "must not be before 1970, not 1969-12-31T00:00:00Z"),
         (seconds, "-1", "must be 0 or more, not -1"),
         (seconds, "nan", "must be 0 or more, not nan"),

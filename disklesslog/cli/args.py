@@ -186,7 +186,7 @@ def timestamp_ms(text: str) -> int:
     integer, or an ISO 8601 date or time (``2024-05-01``, ``2024-05-01T12:00:00Z``,
     ``2024-05-01T14:00:00+02:00``; without a UTC offset it is local time, as in Kafka's
     tools)."""
-    if text.isdigit():
+    if text.isascii() and text.isdigit():
         return int(text)
     try:
         moment = datetime.fromisoformat(text)
