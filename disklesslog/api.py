@@ -471,6 +471,12 @@ class AbstractLog(ABC):
     def committed_offsets(self, group: str) -> dict[str, int]:
         """The positions ``group`` committed, by stream ({} for a new group)."""
 
+    @abstractmethod
+    def groups(self) -> list[str]:
+        """Names of the consumer groups holding a committed position in some stream,
+        sorted (a group whose every stream was deleted is no longer listed): what
+        Kafka's ``kafka-consumer-groups.sh --list`` shows, for tools and operators."""
+
     # ---------------------------------------------------------------- leases
 
     @abstractmethod

@@ -415,6 +415,10 @@ class ObjectLog(AbstractLog):
         self.check_open()
         return self.sequencer.committed_offsets(validate_group_name(group))
 
+    def groups(self) -> list[str]:
+        self.check_open()
+        return self.sequencer.list_groups()
+
     def lease_keeper(self) -> LeaseKeeper:
         """The sequencer's keeper: leases are sequencer state (``swap_lease``)."""
         return self.sequencer.lease_keeper()
@@ -666,7 +670,9 @@ def _check_root(storage: ObjectStorage, url: str, *, create: bool) -> bool:
             f"{MARKER}); open an empty or new location instead"
         )
     if not create:
-        raise InvalidURL(f"{url} is not a log (no {MARKER}; opened with create=False)")
+        raise InvalidURL(
+            f"{url} is not a log: it has no {MARKER} (check the URL; this does not create a log)"
+        )
     return False
 
 

@@ -349,6 +349,11 @@ class SegmentLog(AbstractLog):
         self.check_open()
         return groups.committed_offsets(self.path, validate_group_name(group))
 
+    def groups(self) -> list[str]:
+        """The groups with a committed offset (a file in ``groups/`` that holds one)."""
+        self.check_open()
+        return groups.list_groups(self.path)
+
     def lease_keeper(self) -> LeaseKeeper:
         """Leases in ``leases/<name>.json`` (:mod:`~disklesslog.segments.leases`)."""
         return lease_keeper(self.path)

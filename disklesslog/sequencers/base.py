@@ -300,6 +300,10 @@ class Sequencer(ABC):
     def committed_offsets(self, group: str) -> dict[str, int]:
         """A consumer group's stored offsets ({} for an unknown group)."""
 
+    @abstractmethod
+    def list_groups(self) -> list[str]:
+        """The groups with at least one stored offset, sorted."""
+
     # ------------------------------------------------------------------ leases
 
     @abstractmethod

@@ -437,6 +437,10 @@ class MemorySequencer(Sequencer):
         with self._lock:
             return dict(self._groups.get(group, {}))
 
+    def list_groups(self) -> list[str]:
+        with self._lock:
+            return sorted(group for group, offsets in self._groups.items() if offsets)
+
     # ------------------------------------------------------------------ leases
 
     def read_lease(self, name: str) -> LeaseRecord | None:

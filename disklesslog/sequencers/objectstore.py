@@ -263,6 +263,10 @@ class ObjectStoreSequencer(Sequencer):
         with self._reading() as state:
             return state.committed_offsets(group)
 
+    def list_groups(self) -> list[str]:
+        with self._reading() as state:
+            return state.list_groups()
+
     def list_objects(self) -> list[str]:
         with self._reading() as state:
             return state.list_objects()

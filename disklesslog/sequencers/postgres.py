@@ -504,6 +504,7 @@ class _Queries:
     delete_offsets_of_stream: str = (
         "DELETE FROM {s}.group_offsets WHERE stream = %s RETURNING group_name"
     )
+    list_groups: str = "SELECT group_name, streams, crc FROM {s}.groups ORDER BY group_name"
     committed_offsets: str = (
         "SELECT g.streams, g.crc, o.stream, o.next_offset, o.crc"
         " FROM (SELECT %s::text AS name) AS q"
@@ -1780,3 +1781,8 @@ class PostgresSequencer(Sequencer):
                 f"the group has {len(offsets)} offset rows but counts {count}",
             )
         return offsets
+
+    def list_groups(self) -> list[str]:
+        # A group's row in ``groups`` exists while it has offset rows (see _count_group).
+        rows = self._call(lambda conn: conn.execute(self._q.list_groups).fetchall())
+        return sorted(group for group, *row in rows if self._group_count(group, row) > 0)

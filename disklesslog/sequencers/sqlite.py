@@ -1511,6 +1511,12 @@ class SqliteSequencer(Sequencer):
                 )
             return offsets
 
+    def list_groups(self) -> list[str]:
+        # A group's row in ``groups`` exists while it has offset rows (see _count_group).
+        with self._transaction(_SNAPSHOT) as db:
+            rows = db.execute("SELECT group_name, streams, crc FROM groups ORDER BY group_name")
+            return [group for group, *row in rows if self._group_count(group, row) > 0]
+
     # ------------------------------------------------------------------ leases
 
     def read_lease(self, name: str) -> LeaseRecord | None:

@@ -568,6 +568,12 @@ DAMAGES: dict[str, tuple[str, tuple[Any, ...], str, Callable[[Sequencer], Any]]]
         "group_offsets",
         lambda seq: seq.committed_offsets("g1"),
     ),
+    "a consumer group's count, seen by a listing": (
+        "UPDATE {t}groups SET streams = streams + 1",
+        (),
+        "groups",
+        lambda seq: seq.list_groups(),
+    ),
     "the number of streams": (
         "UPDATE {t}stream_count SET streams = streams + 1",
         (),

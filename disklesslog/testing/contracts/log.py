@@ -421,8 +421,13 @@ class LogContract(LogFixtures, LeaseContract):
     def test_create_stream_is_idempotent_for_the_same_config(self, log: disklesslog.Log) -> None:
         log.create_stream("s", compression="zstd")
         log.create_stream("s", compression="zstd").append(b"x")
-        with pytest.raises(StreamExistsError):
-            log.create_stream("s", compression="none")
+        with pytest.raises(StreamExistsError) as refused:
+            log.create_stream("s", compression="none", retention_ms=60_000)
+        assert str(refused.value).startswith(
+            "stream 's' already exists with compression='zstd' (create_stream asked for "
+            "'none'); this setting is fixed when a stream is created"
+        )
+        assert "retention_ms=" not in str(refused.value)  # alterable: never a conflict
         assert log.stream("s").config.compression == "zstd"
 
     def test_create_stream_again_keeps_altered_settings(self, log_factory: LogFactory) -> None:

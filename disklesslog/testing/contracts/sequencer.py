@@ -927,6 +927,18 @@ class SequencerContract(LeaseContract):
         sequencer.committed_offsets("g")["a"] = 0  # a copy
         assert sequencer.committed_offsets("g")["a"] == 5
 
+    def test_list_groups_names_groups_with_offsets(self, sequencer: Sequencer) -> None:
+        assert sequencer.list_groups() == []
+        sequencer.create_stream("a", {})
+        sequencer.create_stream("b", {})
+        sequencer.commit_offsets("h", {"a": 2})
+        sequencer.commit_offsets("g", {"a": 5, "b": 1})
+        sequencer.commit_offsets("f", {})  # nothing stored: not a group
+        sequencer.commit_offsets("Z-1", {"b": 0})
+        assert sequencer.list_groups() == ["Z-1", "g", "h"]
+        sequencer.delete_stream("a")  # h's only stream: h goes; g keeps b
+        assert sequencer.list_groups() == ["Z-1", "g"]
+
     @pytest.mark.parametrize(
         "group, offsets_, error",
         [
