@@ -127,10 +127,18 @@ class StreamInfo:
     """A snapshot of a stream's extent and settings."""
 
     name: str
+    """The stream's name."""
     start_offset: int
+    """The first offset still kept: records below it were trimmed by retention or
+    :meth:`Stream.trim`."""
     end_offset: int
+    """The offset the next record will get (the high watermark); equal to
+    ``start_offset`` when no records are kept."""
     config: StreamConfig
+    """The stream's settings."""
     size_bytes: int
+    """Bytes the stream's records occupy in storage (segment files, or its share of
+    objects), compressed as stored; tiered copies of a local stream included."""
     details: dict[str, Any] = field(default_factory=dict)
     """Backend-specific facts (for the local backend: its segments)."""
 
@@ -147,10 +155,13 @@ class Stream(ABC):
 
     @property
     def name(self) -> str:
+        """The stream's name within its log (validated when the handle was made)."""
         return self._name
 
     @property
     def log(self) -> AbstractLog:
+        """The log this handle belongs to: closing it makes the handle's calls raise
+        :class:`~disklesslog.LogClosedError`."""
         return self._log
 
     def __repr__(self) -> str:
@@ -316,6 +327,8 @@ class Stream(ABC):
 
     @property
     def config(self) -> StreamConfig:
+        """The stream's settings as they are now: as created, with any change
+        :meth:`AbstractLog.alter_stream` made since (``info().config``)."""
         return self.info().config
 
     # ------------------------------------------------------ maintenance hooks
@@ -354,10 +367,14 @@ class AbstractLog(ABC):
 
     @property
     def url(self) -> str:
+        """The URL (or path) the log was opened with: what error messages and the CLI
+        name it by."""
         return self._url
 
     @property
     def closed(self) -> bool:
+        """Whether :meth:`close` was called: every later call on the log, its streams
+        and writers raises :class:`~disklesslog.LogClosedError`."""
         return self._closed
 
     def __repr__(self) -> str:

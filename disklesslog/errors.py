@@ -155,6 +155,8 @@ class DataLossError(CorruptDataError):
         super().__init__(reason, source=source, position=position)
 
     def located(self, source: str, base_position: int) -> DataLossError:
+        """Return a copy placed in ``source``, its position shifted by a base, keeping
+        the ``lost`` range (what the operator's repair decision is about)."""
         position = None if self.position is None else base_position + self.position
         return type(self)(self.reason, source=source, position=position, lost=self.lost)
 

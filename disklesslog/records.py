@@ -29,10 +29,17 @@ class Record(NamedTuple):
     """
 
     offset: int
+    """Its position in the stream: dense from 0, never reused (compaction and trimming
+    leave gaps, they do not renumber)."""
     timestamp: int
+    """When it was appended (or the time the producer gave), in milliseconds since the
+    Unix epoch."""
     key: bytes | None
+    """The key compaction keeps the latest record of, or ``None``."""
     value: bytes | None
+    """The payload; ``None`` is a tombstone (deletes the key when compacted)."""
     headers: Headers = ()
+    """``(str, bytes | None)`` pairs in the order appended; keys may repeat."""
 
 
 _new_record = tuple.__new__

@@ -399,6 +399,8 @@ class Writer(ABC):
 
     @property
     def closed(self) -> bool:
+        """Whether :meth:`close` was called: later appends raise
+        :class:`~disklesslog.LogClosedError` (records appended before it were flushed)."""
         return self._closed
 
     def __enter__(self) -> Writer:
