@@ -109,56 +109,45 @@ def open(url: str | os.PathLike[str], **options: Any) -> AbstractLog:
 
     **Options of every log:**
 
-    ``backend``
-        The backend by name (``"segments"`` or ``"objects"``) instead of the one the
-        URL's scheme picks; ``backend="objects"`` keeps an object log in a local
-        directory (``file://``). Default: chosen by the scheme.
-    ``create``
-        ``True`` (the default) creates a missing log; ``False`` raises
-        :class:`InvalidURL` instead, for tools that must not create one by mistake.
+    * ``backend``: the backend by name (``"segments"`` or ``"objects"``) instead of the one
+      the URL's scheme picks; ``backend="objects"`` keeps an object log in a local directory
+      (``file://``). Default: chosen by the scheme.
+    * ``create``: ``True`` (the default) creates a missing log; ``False`` raises
+      :class:`InvalidURL` instead, for tools that must not create one by mistake.
 
     **Options of local logs** (paths and ``file://`` URLs):
 
-    ``fsync``
-        When appends reach the disk: ``"always"`` (fsync before each append returns;
-        survives power loss), ``"interval"`` (the default: written to the OS at once,
-        fsynced in the background every ``fsync_interval_ms``; a process crash loses
-        nothing, an OS crash at most that much) or ``"never"`` (left to the OS).
-    ``fsync_interval_ms``
-        Milliseconds between background fsyncs with ``fsync="interval"``, 1..3600000;
-        default 1000.
-    ``cleaner_max_keys``
-        Keys one key-compaction pass maps at most (Kafka's dedupe buffer, counted in
-        keys), bounding its memory; a larger dirty range is compacted over several
-        passes. Default 4000000.
-    ``tier_url``
-        An object-storage URL (``s3://bucket/prefix``) to copy closed segments to, so
-        local disk keeps only the recent ones (see :meth:`Log.tier` and the
-        ``local_retention_*`` stream settings). Default: no tier.
-    ``tier_storage_options``
-        fsspec options (credentials, endpoint) for ``tier_url``. Default: none.
+    * ``fsync``: when appends reach the disk: ``"always"`` (fsync before each append
+      returns; survives power loss), ``"interval"`` (the default: written to the OS at once,
+      fsynced in the background every ``fsync_interval_ms``; a process crash loses nothing,
+      an OS crash at most that much) or ``"never"`` (left to the OS).
+    * ``fsync_interval_ms``: milliseconds between background fsyncs with
+      ``fsync="interval"``, 1..3600000; default 1000.
+    * ``cleaner_max_keys``: keys one key-compaction pass maps at most (Kafka's dedupe
+      buffer, counted in keys), bounding its memory; a larger dirty range is compacted over
+      several passes. Default 4000000.
+    * ``tier_url``: an object-storage URL (``s3://bucket/prefix``) to copy closed segments
+      to, so local disk keeps only the recent ones (see :meth:`Log.tier` and the
+      ``local_retention_*`` stream settings). Default: no tier.
+    * ``tier_storage_options``: fsspec options (credentials, endpoint) for ``tier_url``.
+      Default: none.
 
     **Options of object-storage logs:**
 
-    ``storage_options``
-        A mapping of fsspec options for the storage (``{"profile": "prod"}``,
-        ``{"endpoint_url": ...}``). Default: none (the environment's credentials).
-    ``sequencer``
-        Who assigns offsets: a URL (``"postgresql://user@host/db?schema=app"``,
-        ``"sqlite:///path/meta.db"``, ``"memory://"``, ``"objectstore://"`` or
-        ``"objectstore+s3://bucket/elsewhere"``) or a ``Sequencer`` instance (not
-        closed with the log). Default: ``memory://`` logs sequence in memory,
-        ``file://`` logs in a SQLite database in the log's directory, and every other
-        storage in the object-store sequencer inside the log (``<url>/_sequencer``),
-        which needs no server. docs/sequencers.md describes each and its URL
-        parameters.
-    ``cache``
-        The block cache reads go through: a ``BlockCache``, or ``None`` for no cache.
-        Default: the process-wide cache (256 MiB in memory, 4 MiB blocks).
-    ``retry_deadline_ms``
-        How long, in milliseconds, a failing storage request (and an object-store
-        sequencer's) is retried with backoff before :class:`StorageError` is raised.
-        Default 30000.
+    * ``storage_options``: a mapping of fsspec options for the storage (``{"profile":
+      "prod"}``, ``{"endpoint_url": ...}``). Default: none (the environment's credentials).
+    * ``sequencer``: who assigns offsets: a URL (``"postgresql://user@host/db?schema=app"``,
+      ``"sqlite:///path/meta.db"``, ``"memory://"``, ``"objectstore://"`` or
+      ``"objectstore+s3://bucket/elsewhere"``) or a ``Sequencer`` instance (not closed with
+      the log). Default: ``memory://`` logs sequence in memory, ``file://`` logs in a SQLite
+      database in the log's directory, and every other storage in the object-store sequencer
+      inside the log (``<url>/_sequencer``), which needs no server. docs/sequencers.md
+      describes each and its URL parameters.
+    * ``cache``: the block cache reads go through: a ``BlockCache``, or ``None`` for no
+      cache. Default: the process-wide cache (256 MiB in memory, 4 MiB blocks).
+    * ``retry_deadline_ms``: how long, in milliseconds, a failing storage request (and an
+      object-store sequencer's) is retried with backoff before :class:`StorageError` is
+      raised. Default 30000.
 
     **Stream settings.** Any :class:`StreamConfig` field is also accepted, as the
     default for streams this log creates (an existing stream keeps its own):

@@ -63,10 +63,15 @@ class RecordBatch:
         headers: Sequence[Headers],
     ) -> None:
         self.offsets = offsets
+        """Each record's offset, ascending; a ``range`` when there are no gaps."""
         self.timestamps = timestamps
+        """Each record's timestamp, in milliseconds since the Unix epoch."""
         self.keys = keys
+        """Each record's key, or ``None``."""
         self.values = values
+        """Each record's value; ``None`` is a tombstone."""
         self.headers = headers
+        """Each record's headers: a tuple of ``(str, bytes | None)`` pairs."""
 
     def __len__(self) -> int:
         return len(self.offsets)
