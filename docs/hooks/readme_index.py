@@ -14,6 +14,7 @@ from pathlib import Path
 
 from mkdocs.config.defaults import MkDocsConfig
 from mkdocs.structure.files import File, Files
+from mkdocs.structure.pages import Page
 
 ROOT = Path(__file__).resolve().parents[2]
 LINK = re.compile(r"\]\((?!https?://|#|mailto:)([^)\s]+)\)")
@@ -33,3 +34,10 @@ def on_files(files: Files, config: MkDocsConfig) -> Files:
     text = LINK.sub(lambda match: _site_link(match, repository), text)
     files.append(File.generated(config, "index.md", content=text))
     return files
+
+
+def on_pre_page(page: Page, config: MkDocsConfig, files: Files) -> Page:
+    """Point the home page's "Edit on GitHub" link at README.md, its source."""
+    if page.file.src_uri == "index.md":
+        page.edit_url = f"{str(config.repo_url).rstrip('/')}/blob/main/README.md"
+    return page
