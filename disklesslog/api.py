@@ -128,10 +128,18 @@ class StreamInfo:
     """A snapshot of a stream's extent and settings."""
 
     name: str
+    """The stream's name."""
     start_offset: int
+    """The first offset still kept: records below it were trimmed by retention or
+    :meth:`Stream.trim`."""
     end_offset: int
+    """The offset the next record will get (the high watermark); equal to
+    ``start_offset`` when no records are kept."""
     config: StreamConfig
+    """The stream's settings."""
     size_bytes: int
+    """Bytes the stream's records occupy in storage (segment files, or its share of
+    objects), compressed as stored; tiered copies of a local stream included."""
     details: dict[str, Any] = field(default_factory=dict)
     """Backend-specific facts (for the local backend: its segments)."""
 
@@ -148,10 +156,13 @@ class Stream(ABC):
 
     @property
     def name(self) -> str:
+        """The stream's name within its log (validated when the handle was made)."""
         return self._name
 
     @property
     def log(self) -> AbstractLog:
+        """The log this handle belongs to: closing it makes the handle's calls raise
+        :class:`~disklesslog.LogClosedError`."""
         return self._log
 
     def __repr__(self) -> str:
@@ -317,6 +328,8 @@ class Stream(ABC):
 
     @property
     def config(self) -> StreamConfig:
+        """The stream's settings as they are now: as created, with any change
+        :meth:`AbstractLog.alter_stream` made since (``info().config``)."""
         return self.info().config
 
     # ------------------------------------------------------ maintenance hooks
@@ -355,10 +368,14 @@ class AbstractLog(ABC):
 
     @property
     def url(self) -> str:
+        """The URL (or path) the log was opened with: what error messages and the CLI
+        name it by."""
         return self._url
 
     @property
     def closed(self) -> bool:
+        """Whether :meth:`close` was called: every later call on the log, its streams
+        and writers raises :class:`~disklesslog.LogClosedError`."""
         return self._closed
 
     def __repr__(self) -> str:
@@ -425,7 +442,14 @@ class AbstractLog(ABC):
         self, *, linger_ms: float | None = None, max_buffer_bytes: int | None = None
     ) -> Writer:
         """A buffering writer: ``append(stream, ...)`` returns a future; batches flush after
-        ``linger_ms`` or once ``max_buffer_bytes`` are buffered."""
+        ``linger_ms`` or once ``max_buffer_bytes`` are buffered.
+
+        Many small appends become few large writes, which is what makes throughput
+        (one fsync per flush locally, one object and one sequencer commit per flush on
+        object storage). Defaults: local logs 5 ms and 8 MiB; object logs 100 ms and
+        8 MiB per object, where the writer takes more options (``producer``,
+        ``max_inflight``: see ``ObjectLog.writer``). Close it, or use it as a context
+        manager, to flush what is left."""
 
     # ----------------------------------------------------- two-phase commits
 

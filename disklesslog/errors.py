@@ -91,7 +91,11 @@ class OffsetOutOfRange(DisklessLogError, LookupError):
     def __init__(self, message: str, *, start_offset: int, end_offset: int) -> None:
         super().__init__(message)
         self.start_offset = start_offset
+        """The stream's first kept offset when the call was made: where to restart a
+        read that fell behind retention."""
         self.end_offset = end_offset
+        """The stream's end offset (the next offset to be written) when the call was
+        made."""
 
 
 class CorruptDataError(DisklessLogError):
@@ -104,8 +108,11 @@ class CorruptDataError(DisklessLogError):
 
     def __init__(self, reason: str, *, source: str | None = None, position: int | None = None):
         self.reason = reason
+        """What failed validation (a checksum, a magic number, a length...)."""
         self.source = source
+        """The file or object holding the bad bytes, when known."""
         self.position = position
+        """The byte offset of the bad batch in :attr:`source`, when known."""
         super().__init__(self._describe())
 
     def _describe(self) -> str:
@@ -155,9 +162,12 @@ class DataLossError(CorruptDataError):
         lost: tuple[int, int] | None = None,
     ):
         self.lost = lost
+        """The range ``(first, end)`` of the offsets lost, when known."""
         super().__init__(reason, source=source, position=position)
 
     def located(self, source: str, base_position: int) -> DataLossError:
+        """Return a copy placed in ``source``, its position shifted by a base, keeping
+        the ``lost`` range (what the operator's repair decision is about)."""
         position = None if self.position is None else base_position + self.position
         return type(self)(self.reason, source=source, position=position, lost=self.lost)
 
@@ -192,7 +202,10 @@ class StorageError(DisklessLogError, OSError):
     ) -> None:
         super().__init__(*args)
         self.url = url
+        """The storage (or object) the request was for, when known."""
         self.operation = operation
+        """The request that failed (``get``, ``put``, ``create``, ``delete``,
+        ``open``...), when known."""
         if retriable is not None:
             self.retriable = retriable
 
@@ -279,6 +292,7 @@ class UnknownProducerState(OutOfOrderSequence):
     def __init__(self, message: str, *, stream: str) -> None:
         super().__init__(message)
         self.stream = stream
+        """The stream the sequencer holds no state of this producer for."""
 
 
 class LeaseLost(DisklessLogError):

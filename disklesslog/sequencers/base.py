@@ -92,8 +92,13 @@ class TransactionResult:
     """
 
     transaction_id: str
+    """The id the transaction was committed under."""
     ranges: dict[str, tuple[int, int]]
+    """Per stream written, ``(first_offset, end_offset)``: the transaction's records
+    hold exactly the offsets ``first_offset <= offset < end_offset``."""
     duplicate: bool = False
+    """Whether the id had been committed before: then ``ranges`` are that commit's,
+    and this call stored nothing."""
 
 
 @dataclass(frozen=True)

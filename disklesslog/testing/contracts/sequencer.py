@@ -51,11 +51,14 @@ class FakeClock:
 
     def __init__(self, now: float = 1_700_000_000.0) -> None:
         self.now = now
+        """The time the clock reads, in seconds since the epoch; tests may set it."""
 
     def __call__(self) -> float:
         return self.now
 
     def advance(self, seconds: float) -> None:
+        """Move the clock forward by ``seconds``: how tests age producer state and
+        retention without sleeping."""
         self.now += seconds
 
 
@@ -214,12 +217,16 @@ class SequencerContract(LeaseContract):
 
     @pytest.fixture
     def clock(self) -> FakeClock:
+        """The test's :class:`FakeClock`, which :meth:`open_sequencer` hands to the
+        sequencer."""
         return FakeClock()
 
     @pytest.fixture
     def sequencer(
         self, request: pytest.FixtureRequest, tmp_path: Path, clock: FakeClock
     ) -> Iterator[Sequencer]:
+        """The sequencer under test, opened by :meth:`open_sequencer` on the test's
+        fresh directory and closed after the test."""
         seq = self.open_sequencer(tmp_path, clock, request)
         yield seq
         seq.close()
