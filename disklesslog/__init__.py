@@ -137,6 +137,11 @@ def open(url: str | os.PathLike[str], **options: Any) -> AbstractLog:
       ``local_retention_*`` stream settings). Default: no tier.
     * ``tier_storage_options``: fsspec options (credentials, endpoint) for ``tier_url``.
       Default: none.
+    * ``max_open_streams``: how many streams keep their files (two descriptors each) open
+      at once; a log may hold any number of streams, and one not used lately is parked
+      and reopened cheaply on its next use. Default: a quarter of ``ulimit -n`` (at least
+      16), leaving the rest to the application.
+    * ``retry_deadline_ms``: as for object-storage logs, for the requests to ``tier_url``.
 
     **Options of object-storage logs:**
 
