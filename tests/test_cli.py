@@ -12,7 +12,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -271,11 +270,18 @@ def test_produce_oversize_record_is_a_one_line_error(
 def test_produce_interrupted_keeps_complete_chunks_and_exits_130(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    def typed_then_ctrl_c() -> Iterator[bytes]:
-        yield from (b"a\n", b"b\n", b"c\n")
-        raise KeyboardInterrupt
+    class TypedThenCtrlC:
+        """A terminal where three lines are typed, then Ctrl-C is pressed."""
 
-    stdin = SimpleNamespace(buffer=typed_then_ctrl_c(), isatty=lambda: True)
+        def __init__(self) -> None:
+            self.typed = [b"a\n", b"b\n", b"c\n"]
+
+        def read1(self, size: int) -> bytes:
+            if self.typed:
+                return self.typed.pop(0)
+            raise KeyboardInterrupt
+
+    stdin = SimpleNamespace(buffer=TypedThenCtrlC(), isatty=lambda: True)
     monkeypatch.setattr(sys, "stdin", stdin)
     assert main(["produce", str(tmp_path / "log"), "s", "--batch-size", "2"]) == 130
     err = capsys.readouterr().err.splitlines()

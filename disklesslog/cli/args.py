@@ -156,3 +156,14 @@ def key_separator(text: str) -> bytes:
     if not text:
         raise argparse.ArgumentTypeError("the key separator must not be empty")
     return os.fsencode(text)
+
+
+def header(text: str) -> tuple[str, bytes]:
+    """``produce -H KEY=VALUE``: a header name (text; a record's header names are UTF-8)
+    and its value as bytes given on the command line (binary-safe, as ``key_separator``)."""
+    key, value = _key_value(text)
+    try:
+        key.encode("utf-8")
+    except UnicodeEncodeError:
+        raise argparse.ArgumentTypeError(f"the header name {key!r} is not valid UTF-8") from None
+    return key, os.fsencode(value)

@@ -4,9 +4,7 @@ new records until stopped (Ctrl-C, SIGTERM and a closed pipe end it quietly)."""
 from __future__ import annotations
 
 import argparse
-import base64
 import contextlib
-import json
 import signal
 import sys
 import threading
@@ -20,6 +18,7 @@ from ..errors import StreamNotFound
 from ..records import Record
 from .args import Position, from_position, offset, positive_seconds
 from .common import EXIT_OK
+from .jsonlines import json_line
 from .logs import open_log
 
 __all__ = ["add_command", "json_line", "raw_line"]
@@ -148,31 +147,6 @@ def _sigterm_as_interrupt() -> Iterator[None]:
 
 def _interrupt(signum: int, frame: FrameType | None) -> None:
     raise KeyboardInterrupt
-
-
-def json_line(record: Record) -> bytes:
-    """One record as a JSON object and a newline (UTF-8).
-
-    ``key``, ``value`` and header values are text when they are valid UTF-8 and
-    ``null`` when absent; other bytes appear base64-encoded under ``key_base64`` /
-    ``value_base64`` instead, so exactly one of the two names is present.
-    """
-    obj: dict[str, Any] = {"offset": record.offset, "timestamp": record.timestamp}
-    _put_bytes(obj, "key", record.key)
-    _put_bytes(obj, "value", record.value)
-    obj["headers"] = [_put_bytes({"key": name}, "value", value) for name, value in record.headers]
-    return json.dumps(obj, ensure_ascii=False).encode("utf-8") + b"\n"
-
-
-def _put_bytes(obj: dict[str, Any], name: str, data: bytes | None) -> dict[str, Any]:
-    if data is None:
-        obj[name] = None
-    else:
-        try:
-            obj[name] = data.decode("utf-8")
-        except UnicodeDecodeError:
-            obj[f"{name}_base64"] = base64.b64encode(data).decode("ascii")
-    return obj
 
 
 def raw_line(record: Record) -> bytes:
