@@ -167,6 +167,21 @@ def test_lines_split_across_reads_are_joined_and_lingering_chunks_written(
     assert batch_sizes(tmp_path / "log", "s") == [1, 1]
 
 
+def test_a_linger_of_centuries_waits_for_the_end_of_input(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Longer than one ``select`` can wait (it overflows past about 300 years)."""
+    read_end, write_end = os.pipe()
+    os.write(write_end, b"a\nb\n")
+    os.close(write_end)
+    with open(read_end, "rb") as stdin:
+        monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(stdin))
+        argv = ["produce", str(tmp_path / "log"), "s", "--linger-ms", str(10**16)]
+        assert main(argv) == 0
+    assert capsys.readouterr().err == "disklesslog: wrote 2 records to 's' (offsets 0..1)\n"
+    assert batch_sizes(tmp_path / "log", "s") == [2]
+
+
 def test_a_full_chunk_is_written_before_the_next_line_is_read(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

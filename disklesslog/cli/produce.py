@@ -37,6 +37,9 @@ PER_HEADER_OVERHEAD = 16
 """Bytes budgeted per header on top of its name and value (msgpack lengths of the pair)."""
 READ_SIZE = 1 << 16
 """Bytes asked of standard input per read: one read returns what has arrived, up to this."""
+MAX_WAIT = 3600.0
+"""Seconds one ``select`` waits at most; a longer ``--linger-ms`` waits in several (a
+timeout of about 300 years or more overflows it)."""
 
 Parse = Callable[[bytes, int, int], NewRecord]
 """Turns line N (without its newline) into a record; the third argument is the first
@@ -196,23 +199,26 @@ class _Lines:
         """True once input has ended and every line was taken."""
         return self._ended and not self._lines
 
-    def next_line(self, timeout: float | None) -> bytes | None:
-        """The next line, or ``None`` if none arrived within ``timeout`` seconds (``None``:
-        wait as long as it takes) or input has ended (see :attr:`finished`)."""
-        deadline = None if timeout is None else time.monotonic() + timeout
+    def next_line(self, deadline: float | None) -> bytes | None:
+        """The next line, or ``None`` if input has ended (see :attr:`finished`) or the
+        lines read so far are used up and ``deadline`` (``time.monotonic()``; ``None``:
+        none) has passed. Lines that arrived together are returned before the deadline is
+        looked at, so a due chunk still takes all of them (up to its size)."""
         while not self._lines:
-            if self._ended:
+            if self._ended or (deadline is not None and time.monotonic() >= deadline):
                 return None
-            if not self._wait(None if deadline is None else deadline - time.monotonic()):
-                return None
-            self._take(self._read(READ_SIZE))
+            if self._wait(deadline):
+                self._take(self._read(READ_SIZE))
         return self._lines.popleft()
 
-    def _wait(self, timeout: float | None) -> bool:
+    def _wait(self, deadline: float | None) -> bool:
+        """Whether input is ready, after waiting until ``deadline`` at most (``MAX_WAIT``
+        at a time)."""
         if self._fd is None:
             return True
+        timeout = None if deadline is None else deadline - time.monotonic()
         ready, _, _ = select.select(
-            [self._fd], [], [], None if timeout is None else max(0.0, timeout)
+            [self._fd], [], [], None if timeout is None else min(max(0.0, timeout), MAX_WAIT)
         )
         return bool(ready)
 
@@ -292,8 +298,7 @@ def _produce(
     chunk: _Chunk | None = None
     number = 0
     while True:
-        wait = None if chunk is None else chunk.deadline - time.monotonic()
-        line = lines.next_line(wait)
+        line = lines.next_line(None if chunk is None else chunk.deadline)
         if line is None:
             if chunk is not None:
                 _append_chunk(stream, chunk, out)
