@@ -122,6 +122,50 @@ def test_ctrl_c_reports_what_was_written_and_drops_the_unfinished_chunk(
     assert [r.value for r in records(path, "s")] == [b"a", b"b"]
 
 
+def _ctrl_c_during_appends(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *, before: int, after: int
+) -> None:
+    """Make every append of a local stream get Ctrl-C ``before`` times before it stores
+    its records and ``after`` times after that, before it returns."""
+    with disklesslog.open(tmp_path / "other") as log:
+        stream_type = type(log.stream("s"))
+    append_batch = stream_type.append_batch
+
+    def interrupted(self: disklesslog.Stream, *args: Any, **kwargs: Any) -> list[int]:
+        for _ in range(before):
+            os.kill(os.getpid(), signal.SIGINT)
+        offsets = append_batch(self, *args, **kwargs)
+        for _ in range(after):
+            os.kill(os.getpid(), signal.SIGINT)
+        return offsets
+
+    monkeypatch.setattr(stream_type, "append_batch", interrupted)
+
+
+def test_ctrl_c_during_an_append_stops_after_it_and_counts_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _ctrl_c_during_appends(tmp_path, monkeypatch, before=0, after=1)
+    feed(monkeypatch, b"a\nb\nc\n")
+    assert main(["produce", str(tmp_path / "log"), "s", "--batch-size", "2"]) == 130
+    assert capsys.readouterr().err == "disklesslog: wrote 2 records to 's' (offsets 0..1)\n"
+    assert [r.value for r in records(tmp_path / "log", "s")] == [b"a", b"b"]
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_a_second_ctrl_c_during_an_append_stops_at_once_and_says_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _ctrl_c_during_appends(tmp_path, monkeypatch, before=2, after=0)
+    feed(monkeypatch, b"a\nb\nc\n")
+    assert main(["produce", str(tmp_path / "log"), "s", "--batch-size", "2"]) == 130
+    assert capsys.readouterr().err == (
+        "disklesslog: wrote 0 records to 's'; stopped while writing lines 1..2, "
+        "which may or may not be stored\n"
+    )
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
 def test_typed_lines_are_stored_as_they_are_entered(
     tmp_path: Path, producer: Callable[..., subprocess.Popen[bytes]]
 ) -> None:

@@ -5,14 +5,18 @@ stderr what was written (also when a chunk fails or the run is interrupted)."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import select
+import signal
 import stat
 import sys
+import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from types import FrameType
 from typing import Any
 
 from ..api import Stream
@@ -138,6 +142,8 @@ class _Produced:
     count: int = 0
     first: int | None = None
     last: int | None = None
+    unsure: str | None = None
+    """The lines whose append a second Ctrl-C cut short: stored or not, nobody knows."""
 
     def add(self, offsets: list[int]) -> None:
         if offsets:
@@ -173,7 +179,12 @@ def _input_lines() -> _Lines:
 def _produced_message(name: str, produced: _Produced) -> str:
     plural = "" if produced.count == 1 else "s"
     where = "" if produced.first is None else f" (offsets {produced.first}..{produced.last})"
-    return f"{PROG}: wrote {produced.count} record{plural} to {name!r}{where}"
+    unsure = (
+        ""
+        if produced.unsure is None
+        else f"; stopped while writing lines {produced.unsure}, which may or may not be stored"
+    )
+    return f"{PROG}: wrote {produced.count} record{plural} to {name!r}{where}{unsure}"
 
 
 class _Lines:
@@ -337,13 +348,43 @@ def _chunk_budget(stream: Stream) -> int:
 
 
 def _append_chunk(stream: Stream, chunk: _Chunk, out: _Produced) -> None:
-    last_line = chunk.first_line + len(chunk.values) - 1
+    lines = f"{chunk.first_line}..{chunk.first_line + len(chunk.values) - 1}"
+    counted = False
     try:
-        offsets = stream.append_batch(
-            chunk.values, keys=chunk.keys, headers=chunk.headers, timestamps=chunk.stamped()
-        )
+        with _ctrl_c_after_append():
+            offsets = stream.append_batch(
+                chunk.values, keys=chunk.keys, headers=chunk.headers, timestamps=chunk.stamped()
+            )
+            out.add(offsets)
+            counted = True
     except DisklessLogError as exc:
-        raise CliError(
-            f"lines {chunk.first_line}..{last_line} were not written (nor any later line): {exc}"
-        ) from exc
-    out.add(offsets)
+        raise CliError(f"lines {lines} were not written (nor any later line): {exc}") from exc
+    except KeyboardInterrupt:
+        if not counted:
+            out.unsure = lines
+        raise
+
+
+@contextlib.contextmanager
+def _ctrl_c_after_append() -> Iterator[None]:
+    """Hold a Ctrl-C that arrives while a chunk is appended until the append is done, so
+    the report says exactly what was written; a second Ctrl-C stops at once (the report
+    then says which lines may or may not be stored)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # signal handlers belong to the main thread
+        return
+    pressed = False
+
+    def hold(signum: int, frame: FrameType | None) -> None:
+        nonlocal pressed
+        if pressed:
+            raise KeyboardInterrupt
+        pressed = True
+
+    previous = signal.signal(signal.SIGINT, hold)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, signal.SIG_DFL if previous is None else previous)
+    if pressed:
+        raise KeyboardInterrupt
