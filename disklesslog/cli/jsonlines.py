@@ -108,7 +108,9 @@ def _take_bytes(obj: dict[str, Any], name: str, what: str, *, required: bool) ->
             raise ValueError(f"{what}'s {encoded_name!r} is not valid base64") from None
     if text is _MISSING:
         if required:
-            raise ValueError(f"{what} has no {name!r} (null for none; {encoded_name!r} for bytes)")
+            raise ValueError(
+                f"{what} has no {name!r} (nor {encoded_name!r} for bytes that are not UTF-8)"
+            )
         return None
     if text is None:
         return None
