@@ -12,7 +12,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -251,16 +250,22 @@ def test_produce_writes_a_full_chunk_before_reading_the_next_line(
     assert err[0] == "disklesslog: wrote 2 records to 's' (offsets 0..1)"
     assert_one_line_error(err[1], "line 3", "nothing from line 3 on was written")
 
-    seen: list[list[bytes | None]] = []
+    class LiveFeed:
+        """Input arriving a line at a time: each read first notes what the log holds."""
 
-    def live_feed() -> Iterator[bytes]:
-        for line in (b"x\n", b"y\n"):
-            yield line
-            seen.append([r.value for r in records(path, "live")])
+        def __init__(self) -> None:
+            self.lines = [b"x\n", b"y\n"]
+            self.seen: list[list[bytes | None]] = []
 
-    monkeypatch.setattr(sys, "stdin", SimpleNamespace(buffer=live_feed(), isatty=lambda: False))
+        def read1(self, size: int) -> bytes:
+            if self.lines != [b"x\n", b"y\n"]:  # the stream exists after the first line
+                self.seen.append([r.value for r in records(path, "live")])
+            return self.lines.pop(0) if self.lines else b""
+
+    live = LiveFeed()
+    monkeypatch.setattr(sys, "stdin", SimpleNamespace(buffer=live, isatty=lambda: False))
     assert main(["produce", str(path), "live", "--batch-size", "1"]) == 0
-    assert seen == [[b"x"], [b"x", b"y"]]
+    assert live.seen == [[b"x"], [b"x", b"y"]]
 
 
 def test_produce_writes_atomic_chunks_not_one_append_per_line(
@@ -307,11 +312,18 @@ def test_produce_oversize_record_is_a_one_line_error(
 def test_produce_interrupted_keeps_complete_chunks_and_exits_130(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    def typed_then_ctrl_c() -> Iterator[bytes]:
-        yield from (b"a\n", b"b\n", b"c\n")
-        raise KeyboardInterrupt
+    class TypedThenCtrlC:
+        """A terminal where three lines are typed, then Ctrl-C is pressed."""
 
-    stdin = SimpleNamespace(buffer=typed_then_ctrl_c(), isatty=lambda: True)
+        def __init__(self) -> None:
+            self.typed = [b"a\n", b"b\n", b"c\n"]
+
+        def read1(self, size: int) -> bytes:
+            if self.typed:
+                return self.typed.pop(0)
+            raise KeyboardInterrupt
+
+    stdin = SimpleNamespace(buffer=TypedThenCtrlC(), isatty=lambda: True)
     monkeypatch.setattr(sys, "stdin", stdin)
     assert main(["produce", str(tmp_path / "log"), "s", "--batch-size", "2"]) == 130
     err = capsys.readouterr().err.splitlines()

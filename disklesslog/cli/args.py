@@ -31,6 +31,7 @@ __all__ = [
     "duration_ms",
     "from_position",
     "key_separator",
+    "milliseconds",
     "offset",
     "positive",
     "positive_seconds",
@@ -171,6 +172,17 @@ def positive_seconds(text: str) -> float:
     return value
 
 
+def milliseconds(text: str) -> int:
+    """A wait in whole milliseconds, 0 or more (``produce --linger-ms``): ``100``, ``0``,
+    ``500ms``, ``2s``; a plain number is milliseconds."""
+    value = _duration(text, "ms")
+    if not value >= 0:  # also refuses NaN
+        raise argparse.ArgumentTypeError(f"must be 0 or more, not {text}")
+    if not value.is_integer():  # also refuses inf
+        raise argparse.ArgumentTypeError(f"not a whole number of milliseconds: {text!r}")
+    return int(value)
+
+
 def duration_ms(text: str) -> int:
     """A duration as a stream setting takes it, in whole milliseconds: ``7d``, ``12h``,
     ``30s``, ``500ms``, or a plain integer of milliseconds (``-1`` and ``-2`` stay: the
@@ -263,3 +275,14 @@ def key_separator(text: str) -> bytes:
     if not text:
         raise argparse.ArgumentTypeError("the key separator must not be empty")
     return os.fsencode(text)
+
+
+def header(text: str) -> tuple[str, bytes]:
+    """``produce -H KEY=VALUE``: a header name (text; a record's header names are UTF-8)
+    and its value as bytes given on the command line (binary-safe, as ``key_separator``)."""
+    key, value = _key_value(text)
+    try:
+        key.encode("utf-8")
+    except UnicodeEncodeError:
+        raise argparse.ArgumentTypeError(f"the header name {key!r} is not valid UTF-8") from None
+    return key, os.fsencode(value)

@@ -5,9 +5,7 @@ quietly), optionally resuming from and committing as a consumer group."""
 from __future__ import annotations
 
 import argparse
-import base64
 import contextlib
-import json
 import logging
 import signal
 import sys
@@ -22,6 +20,7 @@ from ..errors import StreamNotFound
 from ..records import Record
 from .args import FromEnd, from_position, offset, positive_seconds, timestamp_ms
 from .common import EXIT_OK
+from .jsonlines import json_line
 from .logs import open_log
 
 __all__ = ["add_command", "json_line", "raw_line"]
@@ -284,33 +283,6 @@ def _sigterm_as_interrupt() -> Iterator[None]:
 
 def _interrupt(signum: int, frame: FrameType | None) -> None:
     raise KeyboardInterrupt
-
-
-def json_line(record: Record, stream: str | None = None) -> bytes:
-    """One record as a JSON object and a newline (UTF-8), led by its ``stream`` when
-    given.
-
-    ``key``, ``value`` and header values are text when they are valid UTF-8 and
-    ``null`` when absent; other bytes appear base64-encoded under ``key_base64`` /
-    ``value_base64`` instead, so exactly one of the two names is present.
-    """
-    obj: dict[str, Any] = {} if stream is None else {"stream": stream}
-    obj.update(offset=record.offset, timestamp=record.timestamp)
-    _put_bytes(obj, "key", record.key)
-    _put_bytes(obj, "value", record.value)
-    obj["headers"] = [_put_bytes({"key": name}, "value", value) for name, value in record.headers]
-    return json.dumps(obj, ensure_ascii=False).encode("utf-8") + b"\n"
-
-
-def _put_bytes(obj: dict[str, Any], name: str, data: bytes | None) -> dict[str, Any]:
-    if data is None:
-        obj[name] = None
-    else:
-        try:
-            obj[name] = data.decode("utf-8")
-        except UnicodeDecodeError:
-            obj[f"{name}_base64"] = base64.b64encode(data).decode("ascii")
-    return obj
 
 
 def raw_line(record: Record) -> bytes:
