@@ -1,7 +1,8 @@
 """Diagnostics behind the goals docs/benchmarks.md reports as not met.
 
     .venv/bin/python benchmarks/probes.py            all probes
-    .venv/bin/python benchmarks/probes.py packb      one of: packb, append, writer, pagecache
+    .venv/bin/python benchmarks/probes.py packb      one of: packb, append, writer, pagecache,
+                                                     reopen
 
 ``packb``   the cost of ``msgpack.packb`` on a 1,000 x 1 KiB batch body (what
             ``format.encode_batch`` does) against a pre-sized or reused ``msgpack.Packer``,
@@ -11,6 +12,10 @@
 ``writer``  ``Writer`` throughput with the garbage collector on and off.
 ``pagecache`` the same 300 MB buffered write (then delete), six times in a row: on a VM that
             returns freed memory to its host the first is slow, the next ones are not.
+``reopen``  what an append to a parked stream (``max_open_streams``) adds: ``Stream.append``
+            to an open stream and to one parked before each append, and the append's five
+            system calls on open files against the same with both files opened (and
+            fstat'ed) before and closed after, as parking and reopening does.
 
 Each number is the best of 5 timed loops (``writer``: one loop per setting, 3 times).
 """
@@ -166,7 +171,75 @@ def pagecache() -> None:
         print("  300 MB f.write + flush: " + ", ".join(f"{t:.3f} s" for t in times))
 
 
-PROBES = {"packb": packb, "append": append, "writer": writer, "pagecache": pagecache}
+def reopen() -> None:
+    n = 20_000
+    value = os.urandom(100)
+    with tempfile.TemporaryDirectory() as tmp:
+        log = disklesslog.open(Path(tmp) / "log", fsync="never")
+        try:
+            stream = log.create_stream("s")
+            _ = stream.end_offset
+            store = log._stores["s"]  # type: ignore[attr-defined]
+
+            def open_append() -> None:
+                for _ in range(n):
+                    stream.append(value)
+
+            def parked_append() -> None:
+                for _ in range(n):
+                    store.park()
+                    stream.append(value)
+
+            state = os.path.join(tmp, "state")
+            active = os.path.join(tmp, "active")
+            with open(state, "wb") as f:
+                f.write(bytes(48))
+            entry = (ENTRY_PREFIX.pack(0), encode_record(value).data)
+
+            def calls(lock: int, fd: int) -> None:
+                fcntl.flock(lock, fcntl.LOCK_EX)
+                os.pread(lock, 48, 0)
+                os.lseek(fd, 0, os.SEEK_END)
+                os.writev(fd, entry)
+                fcntl.flock(lock, fcntl.LOCK_UN)
+
+            lock = os.open(state, os.O_RDWR)
+            fd = os.open(active, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
+
+            def open_calls() -> None:
+                for _ in range(n):
+                    calls(lock, fd)
+
+            def reopened_calls() -> None:
+                for _ in range(n):
+                    one = os.open(state, os.O_RDWR)
+                    two = os.open(active, os.O_RDWR | os.O_APPEND)
+                    os.fstat(one)
+                    calls(one, two)
+                    os.close(two)
+                    os.close(one)
+
+            rows = [
+                ("Stream.append, the stream open", open_append),
+                ("Stream.append, the stream parked before each", parked_append),
+                ("the 5 system calls, files open", open_calls),
+                ("the 5 system calls, files opened and closed around them", reopened_calls),
+            ]
+            for label, loop in rows:
+                print(f"  {label:58} {_best(loop) / n * 1e6:6.2f} us per record")
+            os.close(fd)
+            os.close(lock)
+        finally:
+            log.close()
+
+
+PROBES = {
+    "packb": packb,
+    "append": append,
+    "writer": writer,
+    "pagecache": pagecache,
+    "reopen": reopen,
+}
 
 
 def main(argv: list[str]) -> int:

@@ -438,6 +438,51 @@ def recovery_group(plan: Plan) -> Group:
     )
 
 
+def many_streams_group(plan: Plan) -> Group:
+    streams = plan.n(10_000, 1_000)
+    hot = plan.n(500, 50)
+    max_open = plan.n(1_000, 100)
+    records = plan.n(50_000, 5_000)
+    few = f"round-robin over {hot:,} streams (all open)"
+    many = f"round-robin over {streams:,} streams (parked and reopened)"
+    variants = []
+    for fsync in ("never", "interval"):
+        for name, count in ((few, hot), (many, streams)):
+            variants.append(
+                Variant(
+                    f"{name}, fsync={fsync}",
+                    "baseline" if count == hot else "subject",
+                    partial(
+                        wl.dl_round_robin,
+                        streams=count,
+                        records=records,
+                        max_open=max_open,
+                        fsync=fsync,
+                    ),
+                    records,
+                    records * 100,
+                    tag="A" if (count, fsync) == (hot, "never") else "B" if count == hot else "",
+                    vs=None if count == hot else f"{few}, fsync={fsync}",
+                )
+            )
+    return Group(
+        key="many-streams",
+        title=f"many streams: single appends of 100 B, max_open_streams={max_open:,}",
+        shared=partial(wl.many_streams_log, streams=streams),
+        baseline=f"{few}, fsync=never",
+        goals=[
+            Goal(
+                f"appends over {streams:,} streams >= 0.5x of over {hot:,} (fsync=never)",
+                f"{many}, fsync=never",
+                ratio=0.5,
+            )
+        ],
+        note="each stream is opened once before the timed run; under fsync=interval the "
+        "fsync thread also syncs every stream appended to in the last second",
+        variants=variants,
+    )
+
+
 def all_groups(plan: Plan) -> list[Group]:
     return [
         batch_group(plan, 100),
@@ -447,6 +492,7 @@ def all_groups(plan: Plan) -> list[Group]:
         writer_group(plan),
         read_group(plan),
         recovery_group(plan),
+        many_streams_group(plan),
         *obj.object_groups(plan),
         seq.sequencer_group(plan),
         pipe.pipeline_group(plan),

@@ -213,6 +213,45 @@ def dl_writer(
         log.close()
 
 
+# ------------------------------------------------------------------- many streams
+
+
+@contextmanager
+def many_streams_log(work: Path, *, streams: int) -> Iterator[Path]:
+    """A local log with ``streams`` empty streams, shared by the repetitions (creating
+    10,000 streams takes tens of seconds here)."""
+    path = work / "many"
+    with disklesslog.open(path, fsync="never") as log:
+        for i in range(streams):
+            log.create_stream(f"s{i}")
+    yield path
+
+
+@contextmanager
+def dl_round_robin(
+    work: Path, path: Path, *, streams: int, records: int, max_open: int, fsync: str
+) -> Iterator[Callable[[], None]]:
+    """One ``Stream.append`` of 100 B per record, round-robin over the first ``streams``
+    streams, with ``max_open_streams=max_open``. Every stream is opened once untimed
+    (the first open of a store runs recovery), so the timed run measures the steady
+    state: with more streams than ``max_open``, each append reopens a parked stream and
+    parks another."""
+    log = disklesslog.open(path, fsync=fsync, max_open_streams=max_open)
+    handles = [log.stream(f"s{i}") for i in range(streams)]
+    for stream in handles:
+        _ = stream.end_offset
+    value = b"v" * 100
+
+    def run() -> None:
+        for stream in islice(cycle(handles), records):
+            stream.append(value)
+
+    try:
+        yield run
+    finally:
+        log.close()
+
+
 # --------------------------------------------------------------------------- read
 
 

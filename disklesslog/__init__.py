@@ -25,6 +25,7 @@ from .errors import (
     InvalidRecordError,
     InvalidStreamName,
     InvalidURL,
+    LeaseLost,
     LogClosedError,
     MissingDependencyError,
     OffsetOutOfRange,
@@ -41,9 +42,11 @@ from .errors import (
     StorageUnavailable,
     StreamExistsError,
     StreamNotFound,
+    TooManyOpenFiles,
     TransactionError,
     UnknownProducerState,
 )
+from .leases import Lease
 from .records import Record, RecordBatch
 from .urls import open_log, register_backend
 from .writer import Writer
@@ -64,6 +67,8 @@ __all__ = [
     "InvalidRecordError",
     "InvalidStreamName",
     "InvalidURL",
+    "Lease",
+    "LeaseLost",
     "Log",
     "LogClosedError",
     "MissingDependencyError",
@@ -86,6 +91,7 @@ __all__ = [
     "StreamExistsError",
     "StreamInfo",
     "StreamNotFound",
+    "TooManyOpenFiles",
     "TransactionError",
     "UnknownProducerState",
     "Writer",
@@ -99,11 +105,74 @@ __all__ = [
 def open(url: str | os.PathLike[str], **options: Any) -> AbstractLog:
     """Open (creating if needed) the log at ``url`` and return it.
 
-    ``url`` is a directory path or ``file://`` URL for the local segment-file backend.
-    Options: ``fsync`` (``"always"``, ``"interval"`` - the default - or ``"never"``),
-    ``fsync_interval_ms``, ``create`` (default True), ``backend``, ``tier_url`` and
-    ``tier_storage_options`` (local logs: see :meth:`Log.tier`), and any
-    :class:`StreamConfig` field as the default for new streams. Unknown options raise
-    :class:`ConfigError`. Use the log as a context manager or call ``close()``.
+    Use the log as a context manager or call ``close()``: closing flushes and releases
+    its files, threads and connections.
+
+    **Where the log is.** A directory path or ``file://`` URL opens local segment files
+    (the ``segments`` backend); ``s3://``, ``gs://``, ``az://``, ``memory://`` and any
+    other protocol fsspec knows open a log on object storage (the ``objects`` backend).
+    The extras ``s3``, ``gcs`` and ``azure`` install the cloud clients.
+
+    **Options of every log:**
+
+    * ``backend``: the backend by name (``"segments"`` or ``"objects"``) instead of the one
+      the URL's scheme picks; ``backend="objects"`` keeps an object log in a local directory
+      (``file://``). Default: chosen by the scheme.
+    * ``create``: ``True`` (the default) creates a missing log; ``False`` raises
+      :class:`InvalidURL` instead, for tools that must not create one by mistake.
+
+    **Options of local logs** (paths and ``file://`` URLs):
+
+    * ``fsync``: when appends reach the disk: ``"always"`` (fsync before each append
+      returns; survives power loss), ``"interval"`` (the default: written to the OS at once,
+      fsynced in the background every ``fsync_interval_ms``; a process crash loses nothing,
+      an OS crash at most that much) or ``"never"`` (left to the OS).
+    * ``fsync_interval_ms``: milliseconds between background fsyncs with
+      ``fsync="interval"``, 1..3600000; default 1000.
+    * ``cleaner_max_keys``: keys one key-compaction pass maps at most (Kafka's dedupe
+      buffer, counted in keys), bounding its memory; a larger dirty range is compacted over
+      several passes. Default 4000000.
+    * ``tier_url``: an object-storage URL (``s3://bucket/prefix``) to copy closed segments
+      to, so local disk keeps only the recent ones (see :meth:`Log.tier` and the
+      ``local_retention_*`` stream settings). Default: no tier.
+    * ``tier_storage_options``: fsspec options (credentials, endpoint) for ``tier_url``.
+      Default: none.
+    * ``max_open_streams``: how many streams keep their files (two descriptors each) open
+      at once; a log may hold any number of streams, and one not used lately is parked
+      and reopened cheaply on its next use. Default: a quarter of ``ulimit -n`` (at least
+      16), leaving the rest to the application.
+    * ``retry_deadline_ms``: as for object-storage logs, for the requests to ``tier_url``.
+
+    **Options of object-storage logs:**
+
+    * ``storage_options``: a mapping of fsspec options for the storage (``{"profile":
+      "prod"}``, ``{"endpoint_url": ...}``). Default: none (the environment's credentials).
+    * ``sequencer``: who assigns offsets: a URL (``"postgresql://user@host/db?schema=app"``,
+      ``"sqlite:///path/meta.db"``, ``"memory://"``, ``"objectstore://"`` or
+      ``"objectstore+s3://bucket/elsewhere"``) or a ``Sequencer`` instance (not closed with
+      the log). Default: ``memory://`` logs sequence in memory, ``file://`` logs in a SQLite
+      database in the log's directory, and every other storage in the object-store sequencer
+      inside the log (``<url>/_sequencer``), which needs no server. docs/sequencers.md
+      describes each and its URL parameters.
+    * ``cache``: the block cache reads go through: a ``BlockCache``, or ``None`` for no
+      cache. Default: the process-wide cache (256 MiB in memory, 4 MiB blocks).
+    * ``retry_deadline_ms``: how long, in milliseconds, a failing storage request (and an
+      object-store sequencer's) is retried with backoff before :class:`StorageError` is
+      raised. Default 30000.
+
+    **Stream settings.** Any :class:`StreamConfig` field is also accepted, as the
+    default for streams this log creates (an existing stream keeps its own):
+    ``compression`` (``"none"``), ``max_record_bytes`` (1 MiB), ``max_batch_bytes``
+    (16 MiB), ``segment_bytes`` (256 MiB), ``segment_ms`` (7 days),
+    ``index_interval_bytes`` (4096), ``cleanup_policy`` (``"delete"``),
+    ``retention_ms`` and ``retention_bytes`` (-1: unlimited), ``delete_retention_ms``
+    (1 day), ``min_cleanable_dirty_ratio`` (0.5), ``local_retention_ms`` and
+    ``local_retention_bytes`` (-2: as retention). :class:`StreamConfig` says what each
+    means.
+
+    Every option is checked before anything is created. An unknown name raises
+    :class:`ConfigError` listing the valid log options and stream settings, with the
+    closest match; an option of the other kind of log (``sequencer=`` on a path,
+    ``fsync=`` on object storage) says which kind takes it.
     """
     return open_log(url, **options)

@@ -26,6 +26,7 @@ from .errors import (
     StreamNotFound,
 )
 from .format import MAX_OFFSET, MAX_TIMESTAMP
+from .leases import Lease, LeaseKeeper
 from .maintenance.report import MaintenanceReport, Progress
 from .maintenance.retention import Unit, apply_retention
 from .names import validate_group_name, validate_stream_name
@@ -127,10 +128,18 @@ class StreamInfo:
     """A snapshot of a stream's extent and settings."""
 
     name: str
+    """The stream's name."""
     start_offset: int
+    """The first offset still kept: records below it were trimmed by retention or
+    :meth:`Stream.trim`."""
     end_offset: int
+    """The offset the next record will get (the high watermark); equal to
+    ``start_offset`` when no records are kept."""
     config: StreamConfig
+    """The stream's settings."""
     size_bytes: int
+    """Bytes the stream's records occupy in storage (segment files, or its share of
+    objects), compressed as stored; tiered copies of a local stream included."""
     details: dict[str, Any] = field(default_factory=dict)
     """Backend-specific facts (for the local backend: its segments)."""
 
@@ -147,10 +156,13 @@ class Stream(ABC):
 
     @property
     def name(self) -> str:
+        """The stream's name within its log (validated when the handle was made)."""
         return self._name
 
     @property
     def log(self) -> AbstractLog:
+        """The log this handle belongs to: closing it makes the handle's calls raise
+        :class:`~disklesslog.LogClosedError`."""
         return self._log
 
     def __repr__(self) -> str:
@@ -316,6 +328,8 @@ class Stream(ABC):
 
     @property
     def config(self) -> StreamConfig:
+        """The stream's settings as they are now: as created, with any change
+        :meth:`AbstractLog.alter_stream` made since (``info().config``)."""
         return self.info().config
 
     # ------------------------------------------------------ maintenance hooks
@@ -354,10 +368,14 @@ class AbstractLog(ABC):
 
     @property
     def url(self) -> str:
+        """The URL (or path) the log was opened with: what error messages and the CLI
+        name it by."""
         return self._url
 
     @property
     def closed(self) -> bool:
+        """Whether :meth:`close` was called: every later call on the log, its streams
+        and writers raises :class:`~disklesslog.LogClosedError`."""
         return self._closed
 
     def __repr__(self) -> str:
@@ -394,8 +412,15 @@ class AbstractLog(ABC):
 
     @abstractmethod
     def create_stream(self, name: str, **config: Any) -> Stream:
-        """Create ``name`` with :class:`StreamConfig` options; idempotent when the stream
-        exists with the same configuration, :class:`~disklesslog.StreamExistsError` otherwise."""
+        """Create ``name`` with :class:`StreamConfig` options and return its handle.
+
+        Idempotent, so startup code may create its streams on every run: a stream that
+        exists is returned as it is when its settings fixed at creation match those
+        asked for. Settings ``alter_stream`` may change
+        (:data:`~disklesslog.config.ALTERABLE`) are not compared: the stream keeps its
+        own, maybe altered since, and the handle's ``config`` shows them. A differing
+        fixed setting raises :class:`~disklesslog.StreamExistsError` naming the setting,
+        the stream's value and the requested one; nothing changes."""
 
     @abstractmethod
     def streams(self) -> list[str]:
@@ -417,7 +442,14 @@ class AbstractLog(ABC):
         self, *, linger_ms: float | None = None, max_buffer_bytes: int | None = None
     ) -> Writer:
         """A buffering writer: ``append(stream, ...)`` returns a future; batches flush after
-        ``linger_ms`` or once ``max_buffer_bytes`` are buffered."""
+        ``linger_ms`` or once ``max_buffer_bytes`` are buffered.
+
+        Many small appends become few large writes, which is what makes throughput
+        (one fsync per flush locally, one object and one sequencer commit per flush on
+        object storage). Defaults: local logs 5 ms and 8 MiB; object logs 100 ms and
+        8 MiB per object, where the writer takes more options (``producer``,
+        ``max_inflight``: see ``ObjectLog.writer``). Close it, or use it as a context
+        manager, to flush what is left."""
 
     # ----------------------------------------------------- two-phase commits
 
@@ -462,6 +494,54 @@ class AbstractLog(ABC):
     @abstractmethod
     def committed_offsets(self, group: str) -> dict[str, int]:
         """The positions ``group`` committed, by stream ({} for a new group)."""
+
+    @abstractmethod
+    def groups(self) -> list[str]:
+        """Names of the consumer groups holding a committed position in some stream,
+        sorted (a group whose every stream was deleted is no longer listed): what
+        Kafka's ``kafka-consumer-groups.sh --list`` shows, for tools and operators."""
+
+    # ---------------------------------------------------------------- leases
+
+    @abstractmethod
+    def lease_keeper(self) -> LeaseKeeper:
+        """The keeper of this log's leases (for the package's own modules; users call
+        the ``*_lease`` methods): a local log's keeps them in ``leases/``, an object
+        log's in its sequencer."""
+
+    def acquire_lease(self, name: str, holder: str, duration_ms: int) -> Lease | None:
+        """Take lease ``name`` for ``holder`` for ``duration_ms`` milliseconds, or renew
+        it if ``holder`` has it; ``None`` while another holder has it.
+
+        A lease elects one worker among processes (automatic maintenance, a consumer
+        group's leader). The lease is free once released, or once this process has seen
+        it unchanged for its full duration by its own clock (clocks of different
+        machines are never compared; docs/decisions/0010-leases.md). A new holder gets
+        a greater fencing ``token``; pass it to what the lease guards so it can refuse
+        an older holder. Count on the lease only until ``expires_at_ms`` (this process's
+        ``time.monotonic() * 1000``), and renew it well before (e.g. every third of its
+        duration). Holder names must be unique per worker (a host and process id)."""
+        self.check_open()
+        return self.lease_keeper().acquire(name, holder, duration_ms)
+
+    def renew_lease(self, lease: Lease) -> Lease:
+        """Extend ``lease`` by its duration from now; the new :class:`~disklesslog.Lease`
+        has a later ``expires_at_ms``. Raises :class:`~disklesslog.LeaseLost` if it was
+        released or taken over by another holder."""
+        self.check_open()
+        return self.lease_keeper().renew(lease)
+
+    def release_lease(self, lease: Lease) -> None:
+        """Give ``lease`` up so another holder can take it at once. Idempotent; a lease
+        already taken over is left to its new holder."""
+        self.check_open()
+        self.lease_keeper().release(lease)
+
+    def lease_holder(self, name: str) -> Lease | None:
+        """Who holds lease ``name`` as far as this process can tell (``None``: free or
+        expired); ``expires_at_ms`` is the earliest this process could take it over."""
+        self.check_open()
+        return self.lease_keeper().holder(name)
 
     def consumer(
         self,

@@ -11,7 +11,7 @@ import functools
 from collections.abc import Mapping
 from typing import Any
 
-from .errors import ConfigError, InvalidRecordError
+from .errors import ConfigError, InvalidRecordError, StreamExistsError
 from .format import (
     COMPRESSIONS,
     DEFAULT_MAX_BATCH_BYTES,
@@ -50,7 +50,8 @@ ALTERABLE = frozenset(
 """Settings ``Log.alter_stream`` may change on an existing stream: what maintenance
 reads. The others are fixed at creation: they shape the bytes already stored (sizes,
 compression, segments) or what appends accept (``cleanup_policy``: a compacted stream
-refuses records without a key)."""
+refuses records without a key). ``create_stream`` of an existing stream compares only
+the fixed ones (:meth:`StreamConfig.created_again`)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,37 +65,58 @@ class StreamConfig:
     """
 
     compression: str = "none"
-    """``"none"`` or ``"zstd"`` (level 3), applied per batch; incompressible batches stay raw."""
+    """How batches are compressed when written: ``"none"`` or ``"zstd"`` (level 3),
+    per batch; a batch that does not shrink is stored raw. Readers decompress either.
+    Default ``"none"``."""
     max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES
-    """Largest record accepted (key + value + headers), 1 MiB by default."""
+    """Largest record an append accepts, in bytes of key + value + headers
+    (:class:`~disklesslog.RecordTooLarge` otherwise; nothing is written). At most
+    ``max_batch_bytes`` minus the batch header. Default 1 MiB (1048576)."""
     max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES
-    """Largest encoded batch written or read, 16 MiB by default."""
+    """Largest encoded batch written or read, in bytes, 1024..2 GiB: bounds the memory
+    one batch takes (a writer starts a new batch before one would outgrow it). Default 16 MiB
+    (16777216)."""
     segment_bytes: int = 256 << 20
-    """Roll to a new segment file before one would grow past this size."""
+    """Size in bytes a local segment file may grow to before appends roll to a new one
+    (whole closed segments are what retention deletes and tiering copies). On object
+    storage: the newest this many bytes are the active tail compaction leaves alone.
+    1024..2 GiB; default 256 MiB (268435456)."""
     segment_ms: int = 7 * _DAY_MS
-    """Roll when the first batch of the active segment is older than this."""
+    """Age in milliseconds of the active segment's first batch after which the next
+    append rolls to a new segment, so a quiet stream's old records still become
+    deletable. On object storage: batches younger than this are the active tail
+    compaction leaves alone. Default 7 days (604800000)."""
     index_interval_bytes: int = 4096
-    """Bytes of batches between two entries of the sparse offset and time indexes."""
+    """How many bytes of batches lie between two entries of a local segment's sparse
+    offset and time indexes: smaller finds an offset with less scanning, larger keeps
+    the index files smaller. 64..1 GiB; default 4096."""
     cleanup_policy: str = "delete"
     """What maintenance does to old records: ``"delete"`` (retention by time and size),
-    ``"compact"`` (keep the latest record per key; every record needs a key), or
-    ``"compact,delete"`` (both)."""
+    ``"compact"`` (keep the latest record per key; every record needs a key) or
+    ``"compact,delete"`` (both). Default ``"delete"``."""
     retention_ms: int = UNLIMITED
-    """Records older than this may be deleted by retention (``-1``: keep forever). Whole
-    segments or batches go, judged by their newest record, never the active segment."""
+    """Age in milliseconds after which records may be deleted by retention (with
+    ``cleanup_policy`` ``"delete"``): whole segments or batches go once their newest
+    record is older, never the active segment. ``-1`` keeps everything. Default
+    ``-1``."""
     retention_bytes: int = UNLIMITED
-    """Oldest segments or batches are deleted while the stream is larger (``-1``: no limit)."""
+    """Size in bytes the stream may keep: retention deletes its oldest segments or
+    batches while it is larger. ``-1`` sets no limit. Default ``-1``."""
     delete_retention_ms: int = _DAY_MS
-    """How long compaction keeps a tombstone (``value=None``) after it was written, so that
-    readers see the deletion; then it is dropped too."""
+    """How long in milliseconds compaction keeps a tombstone (``value=None``) after it
+    was written, so that readers see the deletion before it is dropped too. Default 1
+    day (86400000)."""
     min_cleanable_dirty_ratio: float = 0.5
-    """Compaction runs when the not-yet-compacted share of the compactable bytes is at
-    least this (0 compacts whenever anything is new)."""
+    """Compaction runs on the stream when the share of its compactable bytes written
+    since the last pass is at least this, a number in 0..1 (0: whenever anything is
+    new; ``compact(force=True)`` ignores it). Default 0.5."""
     local_retention_ms: int = SAME_AS_RETENTION
-    """With tiering (``tier_url=``): how long local copies of tiered segments stay
-    (``-2``: ``retention_ms``; ``-1``: forever). Tiered copies stay for ``retention_ms``."""
+    """With tiering (``tier_url=``): how long in milliseconds local copies of tiered
+    segments stay on local disk; the tiered copies stay for ``retention_ms``. ``-2``
+    follows ``retention_ms``, ``-1`` keeps them forever. Default ``-2``."""
     local_retention_bytes: int = SAME_AS_RETENTION
-    """With tiering: local bytes kept (``-2``: ``retention_bytes``; ``-1``: no limit)."""
+    """With tiering: bytes of tiered segments kept on local disk too, newest first.
+    ``-2`` follows ``retention_bytes``, ``-1`` sets no limit. Default ``-2``."""
 
     def __post_init__(self) -> None:
         if self.compression not in COMPRESSIONS:
@@ -167,6 +189,8 @@ class StreamConfig:
 
     @classmethod
     def field_names(cls) -> frozenset[str]:
+        """Every setting's name: what ``open()`` and ``create_stream()`` accept as
+        stream settings."""
         return frozenset(field.name for field in dataclasses.fields(cls))
 
     @classmethod
@@ -180,6 +204,8 @@ class StreamConfig:
         return cls(**values)
 
     def to_dict(self) -> dict[str, Any]:
+        """The settings as a plain dict (what is stored with the stream, and what
+        :meth:`from_dict` reads back)."""
         return dataclasses.asdict(self)
 
     def altered(self, **changes: Any) -> StreamConfig:
@@ -199,6 +225,32 @@ class StreamConfig:
         if not changes:
             raise ConfigError(f"nothing to alter; alterable: {sorted(ALTERABLE)}")
         return self.replace(**changes)
+
+    def created_again(self, stream: str, requested: StreamConfig) -> StreamConfig:
+        """This config, which stream ``stream`` has, when ``create_stream`` asks for
+        ``requested`` again: startup code creates its streams on every run, so only the
+        settings fixed at creation must match; the :data:`ALTERABLE` ones are the
+        stream's, maybe altered since, and kept. A differing fixed setting raises
+        StreamExistsError naming each with the stream's value and the requested one."""
+        differing = [
+            (field.name, getattr(self, field.name), getattr(requested, field.name))
+            for field in dataclasses.fields(self)
+            if field.name not in ALTERABLE
+            and getattr(self, field.name) != getattr(requested, field.name)
+        ]
+        if not differing:
+            return self
+        settings = ", ".join(
+            f"{name}={mine!r} (create_stream asked for {theirs!r})"
+            for name, mine, theirs in differing
+        )
+        raise StreamExistsError(
+            f"stream {stream!r} already exists with {settings}; "
+            f"{'this setting is' if len(differing) == 1 else 'these settings are'} fixed "
+            "when a stream is created: create it with the stream's values, or delete the "
+            "stream (and its records) and create it again. Settings alter_stream may "
+            "change, such as retention_ms, are left as the stream has them."
+        )
 
     def replace(self, **changes: Any) -> StreamConfig:
         """A copy with ``changes`` applied (validated like a new config)."""

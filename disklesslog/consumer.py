@@ -134,6 +134,8 @@ class Consumer:
 
     @property
     def group(self) -> str:
+        """The consumer group whose committed positions this consumer resumes from and
+        commits to."""
         return self._group
 
     @property
@@ -143,6 +145,8 @@ class Consumer:
 
     @property
     def closed(self) -> bool:
+        """Whether :meth:`close` was called: polling, iterating and committing then
+        raise :class:`~disklesslog.LogClosedError`."""
         return self._closed
 
     def __repr__(self) -> str:

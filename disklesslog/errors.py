@@ -17,6 +17,7 @@ __all__ = [
     "InvalidRecordError",
     "InvalidStreamName",
     "InvalidURL",
+    "LeaseLost",
     "LogClosedError",
     "MissingDependencyError",
     "OffsetOutOfRange",
@@ -33,6 +34,7 @@ __all__ = [
     "StorageUnavailable",
     "StreamExistsError",
     "StreamNotFound",
+    "TooManyOpenFiles",
     "TransactionError",
     "UnknownProducerState",
 ]
@@ -75,7 +77,8 @@ class StreamNotFound(DisklessLogError, LookupError):
 
 
 class StreamExistsError(DisklessLogError):
-    """``create_stream`` found the stream already present with a different configuration."""
+    """``create_stream`` found the stream already present with a setting fixed at
+    creation that differs from the one asked for (the message names each)."""
 
 
 class OffsetOutOfRange(DisklessLogError, LookupError):
@@ -88,7 +91,11 @@ class OffsetOutOfRange(DisklessLogError, LookupError):
     def __init__(self, message: str, *, start_offset: int, end_offset: int) -> None:
         super().__init__(message)
         self.start_offset = start_offset
+        """The stream's first kept offset when the call was made: where to restart a
+        read that fell behind retention."""
         self.end_offset = end_offset
+        """The stream's end offset (the next offset to be written) when the call was
+        made."""
 
 
 class CorruptDataError(DisklessLogError):
@@ -101,8 +108,11 @@ class CorruptDataError(DisklessLogError):
 
     def __init__(self, reason: str, *, source: str | None = None, position: int | None = None):
         self.reason = reason
+        """What failed validation (a checksum, a magic number, a length...)."""
         self.source = source
+        """The file or object holding the bad bytes, when known."""
         self.position = position
+        """The byte offset of the bad batch in :attr:`source`, when known."""
         super().__init__(self._describe())
 
     def _describe(self) -> str:
@@ -152,9 +162,12 @@ class DataLossError(CorruptDataError):
         lost: tuple[int, int] | None = None,
     ):
         self.lost = lost
+        """The range ``(first, end)`` of the offsets lost, when known."""
         super().__init__(reason, source=source, position=position)
 
     def located(self, source: str, base_position: int) -> DataLossError:
+        """Return a copy placed in ``source``, its position shifted by a base, keeping
+        the ``lost`` range (what the operator's repair decision is about)."""
         position = None if self.position is None else base_position + self.position
         return type(self)(self.reason, source=source, position=position, lost=self.lost)
 
@@ -189,7 +202,10 @@ class StorageError(DisklessLogError, OSError):
     ) -> None:
         super().__init__(*args)
         self.url = url
+        """The storage (or object) the request was for, when known."""
         self.operation = operation
+        """The request that failed (``get``, ``put``, ``create``, ``delete``,
+        ``open``...), when known."""
         if retriable is not None:
             self.retriable = retriable
 
@@ -223,6 +239,17 @@ class StorageThrottled(StorageError):
     Azure's ServerBusy) until the retry deadline, despite the longer backoff this
     library gives throttled requests. Retry later, or spread the load (fewer concurrent
     writers, or writers that flush less often)."""
+
+    retriable = True
+
+
+class TooManyOpenFiles(StorageError):
+    """The process (``EMFILE``) or the system (``ENFILE``) ran out of file descriptors.
+    The call failed as any failed call does (nothing of it half done), and the log
+    works again once descriptors are free.
+    Lower ``max_open_streams`` (a local log holds two per open stream), close logs,
+    readers and files you no longer need, or raise the limit (``ulimit -n``,
+    ``resource.setrlimit(RLIMIT_NOFILE, ...)``)."""
 
     retriable = True
 
@@ -265,6 +292,13 @@ class UnknownProducerState(OutOfOrderSequence):
     def __init__(self, message: str, *, stream: str) -> None:
         super().__init__(message)
         self.stream = stream
+        """The stream the sequencer holds no state of this producer for."""
+
+
+class LeaseLost(DisklessLogError):
+    """The lease this call names is no longer held by its holder: another holder took it
+    over after it expired (its fencing token is greater), or it was released. Stop doing
+    what the lease guarded, and acquire it again if the work is still wanted."""
 
 
 class SequencerConflict(SequencerError):

@@ -11,7 +11,7 @@ import re
 
 from .errors import InvalidStreamName
 
-__all__ = ["validate_group_name", "validate_stream_name"]
+__all__ = ["validate_group_name", "validate_lease_name", "validate_stream_name"]
 
 _NAME = re.compile(r"[A-Za-z0-9._-]{1,249}")
 
@@ -40,3 +40,12 @@ def validate_group_name(name: object) -> str:
         return validate_stream_name(name)
     except InvalidStreamName as exc:
         raise InvalidStreamName(str(exc).replace("stream name", "consumer group name")) from None
+
+
+def validate_lease_name(name: object) -> str:
+    """Return ``name`` if it is a valid lease name (the stream-name rule: a local log
+    keeps a lease in a file of that name), else raise :class:`InvalidStreamName`."""
+    try:
+        return validate_stream_name(name)
+    except InvalidStreamName as exc:
+        raise InvalidStreamName(str(exc).replace("stream name", "lease name")) from None

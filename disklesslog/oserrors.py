@@ -17,12 +17,14 @@ this library, and hiding it behind a friendly type would hide the bug.
 
 from __future__ import annotations
 
+import errno
 import functools
 import inspect
+import resource
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TypeVar
 
-from .errors import DisklessLogError, StorageError
+from .errors import DisklessLogError, StorageError, TooManyOpenFiles
 
 __all__ = ["as_storage_error", "typed_os_errors"]
 
@@ -35,7 +37,25 @@ def as_storage_error(exc: OSError, what: str) -> StorageError:
     ``filename`` (the caller chains it: ``raise as_storage_error(exc, ...) from exc``)."""
     if exc.errno is None:  # raised by this library with a message only ("short write")
         return StorageError(f"{what}: {exc or type(exc).__name__}")
+    if exc.errno in (errno.EMFILE, errno.ENFILE):
+        return TooManyOpenFiles(exc.errno, f"{what}: {exc.strerror}. {_descriptor_advice(exc)}")
     return StorageError(exc.errno, f"{what}: {exc.strerror}", exc.filename)
+
+
+def _descriptor_advice(exc: OSError) -> str:
+    """What to do when descriptors run out (the process's limit named as it stands)."""
+    if exc.errno == errno.ENFILE:
+        limit = "the system's limit on open files (fs.file-max)"
+    else:
+        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+        shown = "unlimited" if soft == resource.RLIM_INFINITY else str(soft)
+        limit = f"this process's limit on open files (ulimit -n: {shown})"
+    return (
+        f"{limit[0].upper()}{limit[1:]} is reached. Lower max_open_streams "
+        "(disklesslog.open(..., max_open_streams=N): a local log holds two descriptors per "
+        "open stream), close logs, reads and files no longer needed, or raise the limit "
+        "(ulimit -n, resource.setrlimit(resource.RLIMIT_NOFILE, ...))"
+    )
 
 
 def typed_os_errors(

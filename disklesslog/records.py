@@ -29,10 +29,17 @@ class Record(NamedTuple):
     """
 
     offset: int
+    """Its position in the stream: dense from 0, never reused (compaction and trimming
+    leave gaps, they do not renumber)."""
     timestamp: int
+    """When it was appended (or the time the producer gave), in milliseconds since the
+    Unix epoch."""
     key: bytes | None
+    """The key compaction keeps the latest record of, or ``None``."""
     value: bytes | None
+    """The payload; ``None`` is a tombstone (deletes the key when compacted)."""
     headers: Headers = ()
+    """``(str, bytes | None)`` pairs in the order appended; keys may repeat."""
 
 
 _new_record = tuple.__new__
@@ -56,10 +63,15 @@ class RecordBatch:
         headers: Sequence[Headers],
     ) -> None:
         self.offsets = offsets
+        """Each record's offset, ascending; a ``range`` when there are no gaps."""
         self.timestamps = timestamps
+        """Each record's timestamp, in milliseconds since the Unix epoch."""
         self.keys = keys
+        """Each record's key, or ``None``."""
         self.values = values
+        """Each record's value; ``None`` is a tombstone."""
         self.headers = headers
+        """Each record's headers: a tuple of ``(str, bytes | None)`` pairs."""
 
     def __len__(self) -> int:
         return len(self.offsets)

@@ -72,10 +72,13 @@ class StagedObject:
     relative to the log (``staged/...``, local backend)."""
 
     key: str
+    """The object key (object backend) or the staged file's path relative to the log."""
     batches: tuple[BatchToCommit, ...]
+    """The batches stored in it, in order, with their positions and record counts."""
 
     @property
     def size(self) -> int:
+        """Bytes of batches in the object."""
         return sum(b.size for b in self.batches)
 
 
@@ -86,14 +89,18 @@ class StagedPart:
     part to another log."""
 
     log_url: str
+    """The URL of the log the part was staged in: a commit to any other log refuses it."""
     objects: tuple[StagedObject, ...]
+    """The objects (or staged files) the stager stored, in the order stored."""
 
     @property
     def records(self) -> int:
+        """Records staged in the part, over all its streams (what a task reports)."""
         return sum(b.record_count for o in self.objects for b in o.batches)
 
     @property
     def size(self) -> int:
+        """Bytes of batches the part stored (compressed, as stored)."""
         return sum(o.size for o in self.objects)
 
 

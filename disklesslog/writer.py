@@ -310,7 +310,13 @@ class Writer(ABC):
         headers: Any = None,
         timestamp: int | None = None,
     ) -> Future[int]:
-        """Buffer one record for ``stream``; the future resolves to its offset."""
+        """Buffer one record for ``stream``; the future resolves to its offset.
+
+        Arguments as for :meth:`Stream.append`. The record is checked now
+        (:class:`~disklesslog.InvalidRecordError` and :class:`~disklesslog.RecordTooLarge`
+        raise here, nothing buffered); the future resolves once its batch is durable, or
+        holds the error that failed the flush. Blocks while the writer holds its limit
+        of unwritten bytes (back-pressure)."""
         config = self._stream_config(stream)
         if key is None and config.compacted:
             require_keys(config, stream, None)
@@ -399,6 +405,8 @@ class Writer(ABC):
 
     @property
     def closed(self) -> bool:
+        """Whether :meth:`close` was called: later appends raise
+        :class:`~disklesslog.LogClosedError` (records appended before it were flushed)."""
         return self._closed
 
     def __enter__(self) -> Writer:

@@ -12,7 +12,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -79,7 +78,8 @@ def test_version(capsys: pytest.CaptureFixture[str]) -> None:
     [
         [],
         ["bogus", "x"],
-        ["consume", "x", "s", "--from", "-1"],
+        ["consume", "x", "s", "--from", "-x"],
+        ["consume", "x", "s", "--from", "1", "--from-time", "0"],
         ["consume", "x", "s", "--max", "many"],
         ["consume", "x", "s", "--format", "xml"],
         ["consume", "x", "s", "--idle-timeout", "1"],
@@ -103,6 +103,15 @@ def test_streams_lists_one_name_per_line(
     log = make_log(tmp_path / "log", zeta=[b"z"], alpha=[b"a"], mid=[b"m"])
     assert main(["streams", str(log)]) == 0
     assert capsys.readouterr().out == "alpha\nmid\nzeta\n"
+
+
+def test_streams_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    log = make_log(tmp_path / "log", zeta=[b"z"], alpha=[b"a"])
+    assert main(["streams", str(log), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == {"streams": ["alpha", "zeta"]}
+    disklesslog.open(tmp_path / "empty").close()
+    assert main(["streams", str(tmp_path / "empty"), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == {"streams": []}
 
 
 def test_streams_of_an_empty_log_prints_nothing(
@@ -227,6 +236,38 @@ def test_produce_line_without_key_sep_stops_before_its_chunk(
     assert_one_line_error(err[1], "line 4", "':'", "nothing from line 3 on was written")
 
 
+def test_produce_writes_a_full_chunk_before_reading_the_next_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The bad line comes right after a complete chunk: that chunk is written (the
+    # example of docs/cli.md), and so is a live feed's line before the next one arrives.
+    path = tmp_path / "log"
+    feed(monkeypatch, b"a:1\nb:2\nno separator\n")
+    argv = ["produce", str(path), "s", "--key-sep", ":", "--batch-size", "2"]
+    assert main(argv) == 1
+    assert [(r.key, r.value) for r in records(path, "s")] == [(b"a", b"1"), (b"b", b"2")]
+    err = capsys.readouterr().err.splitlines()
+    assert err[0] == "disklesslog: wrote 2 records to 's' (offsets 0..1)"
+    assert_one_line_error(err[1], "line 3", "nothing from line 3 on was written")
+
+    class LiveFeed:
+        """Input arriving a line at a time: each read first notes what the log holds."""
+
+        def __init__(self) -> None:
+            self.lines = [b"x\n", b"y\n"]
+            self.seen: list[list[bytes | None]] = []
+
+        def read1(self, size: int) -> bytes:
+            if self.lines != [b"x\n", b"y\n"]:  # the stream exists after the first line
+                self.seen.append([r.value for r in records(path, "live")])
+            return self.lines.pop(0) if self.lines else b""
+
+    live = LiveFeed()
+    monkeypatch.setattr(sys, "stdin", SimpleNamespace(buffer=live, isatty=lambda: False))
+    assert main(["produce", str(path), "live", "--batch-size", "1"]) == 0
+    assert live.seen == [[b"x"], [b"x", b"y"]]
+
+
 def test_produce_writes_atomic_chunks_not_one_append_per_line(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -271,11 +312,18 @@ def test_produce_oversize_record_is_a_one_line_error(
 def test_produce_interrupted_keeps_complete_chunks_and_exits_130(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    def typed_then_ctrl_c() -> Iterator[bytes]:
-        yield from (b"a\n", b"b\n", b"c\n")
-        raise KeyboardInterrupt
+    class TypedThenCtrlC:
+        """A terminal where three lines are typed, then Ctrl-C is pressed."""
 
-    stdin = SimpleNamespace(buffer=typed_then_ctrl_c(), isatty=lambda: True)
+        def __init__(self) -> None:
+            self.typed = [b"a\n", b"b\n", b"c\n"]
+
+        def read1(self, size: int) -> bytes:
+            if self.typed:
+                return self.typed.pop(0)
+            raise KeyboardInterrupt
+
+    stdin = SimpleNamespace(buffer=TypedThenCtrlC(), isatty=lambda: True)
     monkeypatch.setattr(sys, "stdin", stdin)
     assert main(["produce", str(tmp_path / "log"), "s", "--batch-size", "2"]) == 130
     err = capsys.readouterr().err.splitlines()
@@ -338,17 +386,34 @@ def test_consume_json_encodes_every_record_shape(
 ) -> None:
     assert main(["consume", str(mixed_log), "s", "--format", "json"]) == 0
     objs = json_lines(capsys.readouterr().out)
+    assert [next(iter(obj)) for obj in objs] == ["stream"] * 5  # the stream leads each line
     assert objs == [
-        {"offset": 0, "timestamp": 1_700_000_000_000, "key": "k", "value": "hello", "headers": []},
         {
+            "stream": "s",
+            "offset": 0,
+            "timestamp": 1_700_000_000_000,
+            "key": "k",
+            "value": "hello",
+            "headers": [],
+        },
+        {
+            "stream": "s",
             "offset": 1,
             "timestamp": 1_700_000_000_001,
             "key": None,
             "value": "no key",
             "headers": [],
         },
-        {"offset": 2, "timestamp": 1_700_000_000_002, "key": "k", "value": None, "headers": []},
         {
+            "stream": "s",
+            "offset": 2,
+            "timestamp": 1_700_000_000_002,
+            "key": "k",
+            "value": None,
+            "headers": [],
+        },
+        {
+            "stream": "s",
             "offset": 3,
             "timestamp": 1_700_000_000_003,
             "key_base64": base64.b64encode(b"\xc3").decode(),
@@ -356,6 +421,7 @@ def test_consume_json_encodes_every_record_shape(
             "headers": [],
         },
         {
+            "stream": "s",
             "offset": 4,
             "timestamp": 1_700_000_000_004,
             "key": None,
@@ -461,6 +527,176 @@ def test_consume_follow_gives_up_on_a_missing_stream_after_idle_timeout(
     assert capsys.readouterr().out == ""
 
 
+def test_consume_from_minus_n_starts_n_offsets_before_each_end(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    log = str(make_log(tmp_path / "log", a=[b"a%d" % i for i in range(10)], b=[b"b0", b"b1"]))
+
+    def values(*argv: str) -> list[str]:
+        assert main(["consume", log, *argv]) == 0
+        return [obj["value"] for obj in json_lines(capsys.readouterr().out)]
+
+    assert values("a", "--from", "-3") == ["a7", "a8", "a9"]
+    assert values("a", "b", "--from", "-3") == ["a7", "a8", "a9", "b0", "b1"]  # b has 2
+    assert values("a", "--from", "-0") == []
+    assert values("a", "--from", "-3", "--max", "1") == ["a7"]
+    with disklesslog.open(log, fsync="never") as opened:
+        opened.stream("a").trim(8)
+    assert values("a", "--from", "-5") == ["a8", "a9"]  # never before the start offset
+
+
+def test_consume_from_minus_n_with_follow(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    log = str(make_log(tmp_path / "log", a=[b"%d" % i for i in range(10)]))
+    argv = ["consume", log, "a", "--follow", "--from", "-2", "--format", "raw"]
+    assert main([*argv, "--idle-timeout", "0.2"]) == 0
+    assert capsys.readouterr().out == "8\n9\n"
+
+
+def test_consume_from_time(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "log"
+    with disklesslog.open(path, fsync="never") as log:
+        for i, ts in enumerate([1_714_564_700_000, 1_714_564_800_000, 1_714_564_900_000]):
+            log.stream("a").append(b"a%d" % i, timestamp=ts)
+            log.stream("b").append(b"b%d" % i, timestamp=ts + 50_000)
+
+    def values(*argv: str) -> list[str]:
+        assert main(["consume", str(path), *argv, "--format", "raw"]) == 0
+        return capsys.readouterr().out.splitlines()
+
+    assert values("a", "--from-time", "2024-05-01T12:00:00Z") == ["a1", "a2"]
+    assert values("a", "--from-time", "2024-05-01T14:00:00+02:00") == ["a1", "a2"]
+    assert values("a", "--from-time", "1714564800001") == ["a2"]
+    assert values("a", "--from-time", "0") == ["a0", "a1", "a2"]
+    assert values("a", "--from-time", "2030-01-01") == []  # nothing that late: the end
+    assert values("a", "b", "--from-time", "2024-05-01T12:00:00Z") == [
+        "a\ta1",
+        "a\ta2",
+        "b\tb1",
+        "b\tb2",
+    ]
+
+
+def test_consume_several_streams_names_each_record_s_stream(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    log = str(make_log(tmp_path / "log", a=[b"1", b"2"], b=[b"x\ty"], c=[b"3"]))
+    assert main(["consume", log, "b", "a", "b"]) == 0  # a repeated stream is read once
+    objs = json_lines(capsys.readouterr().out)
+    assert [(o["stream"], o["offset"], o["value"]) for o in objs] == [
+        ("b", 0, "x\ty"),
+        ("a", 0, "1"),
+        ("a", 1, "2"),
+    ]
+    assert main(["consume", log, "a", "b", "--format", "raw", "--max", "3"]) == 0
+    assert capsys.readouterr().out == "a\t1\na\t2\nb\tx\ty\n"  # split at the first tab
+    assert main(["consume", log, "a", "--format", "raw"]) == 0
+    assert capsys.readouterr().out == "1\n2\n"  # one stream: values only
+    assert main(["consume", log, "a", "nope"]) == 1
+    assert_one_line_error(capsys.readouterr().err, "'nope'")
+
+
+def test_consume_several_streams_follow_takes_turns_and_waits_for_missing_ones(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    log = make_log(tmp_path / "log", a=[b"a0"], b=[b"b0"])
+
+    def produce_later() -> None:
+        time.sleep(0.3)
+        with disklesslog.open(log, fsync="never") as opened:
+            opened.stream("late").append(b"l0")
+            opened.stream("a").append(b"a1")
+
+    producer = threading.Thread(target=produce_later)
+    producer.start()
+    try:
+        argv = ["consume", str(log), "a", "b", "late", "--follow", "--max", "4"]
+        assert main([*argv, "--idle-timeout", "10"]) == 0
+    finally:
+        producer.join()
+    got = [(o["stream"], o["value"]) for o in json_lines(capsys.readouterr().out)]
+    assert got[:2] == [("a", "a0"), ("b", "b0")]
+    assert sorted(got[2:]) == [("a", "a1"), ("late", "l0")]
+
+
+def test_consume_with_a_group_resumes_and_commits(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = make_log(tmp_path / "log", a=[b"a%d" % i for i in range(5)], b=[b"b0", b"b1"])
+    log = str(path)
+
+    def values(*argv: str) -> list[str]:
+        assert main(["consume", log, *argv, "--format", "raw"]) == 0
+        return capsys.readouterr().out.splitlines()
+
+    def committed() -> dict[str, int]:
+        with disklesslog.open(path, create=False) as opened:
+            return opened.committed_offsets("g")
+
+    assert values("a", "--group", "g", "--max", "2") == ["a0", "a1"]
+    assert committed() == {"a": 2}
+    assert values("a", "b", "--group", "g", "--max", "4") == ["a\ta2", "a\ta3", "a\ta4", "b\tb0"]
+    assert committed() == {"a": 5, "b": 1}
+    assert values("a", "b", "--group", "g") == ["b\tb1"]
+    assert values("a", "b", "--group", "g") == []
+    assert committed() == {"a": 5, "b": 2}
+    # --from applies to streams the group has no position in; a committed one wins
+    with disklesslog.open(path, fsync="never") as opened:
+        opened.stream("c").append_batch([b"c0", b"c1", b"c2"])
+        opened.stream("a").append(b"a5")
+    assert values("a", "c", "--group", "g", "--from", "-1") == ["a\ta5", "c\tc2"]
+    assert committed() == {"a": 6, "b": 2, "c": 3}
+    assert values("a", "--group", "other") == ["a0", "a1", "a2", "a3", "a4", "a5"]  # independent
+    assert main(["consume", log, "a", "--group", "bad/name"]) == 1
+    assert_one_line_error(capsys.readouterr().err, "invalid consumer group name")
+
+
+def test_consume_with_a_group_moves_a_trimmed_position_to_the_start(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    path = make_log(tmp_path / "log", a=[b"%d" % i for i in range(6)])
+    with disklesslog.open(path, fsync="never") as log:
+        log.commit_offsets("g", {"a": 1})
+        log.stream("a").trim(4)
+    assert main(["consume", str(path), "a", "--group", "g", "--format", "raw"]) == 0
+    captured = capsys.readouterr()
+    assert captured.out == "4\n5\n"
+    assert "position 1 in stream 'a' is outside the stream's offsets 4..6" in caplog.text
+    with disklesslog.open(path, create=False) as log:
+        assert log.committed_offsets("g") == {"a": 6}
+
+
+def test_consume_follow_with_a_group_commits_what_it_printed(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = make_log(tmp_path / "log", a=[b"%d" % i for i in range(6)])
+    argv = ["consume", str(path), "a", "--group", "g", "--follow", "--format", "raw"]
+    assert main([*argv, "--max", "4"]) == 0
+    assert capsys.readouterr().out == "0\n1\n2\n3\n"
+    assert main([*argv, "--idle-timeout", "0.2"]) == 0
+    assert capsys.readouterr().out == "4\n5\n"
+    with disklesslog.open(path, create=False) as log:
+        assert log.committed_offsets("g") == {"a": 6}
+
+
+def test_consume_with_a_group_commits_nothing_it_did_not_print(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """At least once: when writing the output fails, the group's position stays."""
+    path = make_log(tmp_path / "log", a=[b"%d" % i for i in range(3)])
+
+    class _Closed(io.BytesIO):
+        def flush(self) -> None:
+            raise BrokenPipeError
+
+    monkeypatch.setattr(sys, "stdout", SimpleNamespace(buffer=_Closed(), fileno=lambda: 1))
+    monkeypatch.setattr("disklesslog.cli._silence_stdout", lambda: None)
+    assert main(["consume", str(path), "a", "--group", "g"]) == 0  # a closed pipe is quiet
+    with disklesslog.open(path, create=False) as log:
+        assert log.committed_offsets("g") == {}
+
+
 # ------------------------------------------------------------------------------- verify
 
 
@@ -472,6 +708,22 @@ def test_verify_clean_log(tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
     assert out[0].split()[:3] == ["ok", "a:", "100"]
     assert out[1].split()[:3] == ["ok", "b:", "3"]
     assert out[-1] == f"checked 2 stream(s): 103 records, {size} bytes; no corruption"
+
+
+def test_verify_json_of_a_clean_log(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    log = make_log(tmp_path / "log", a=[b"x"] * 3)
+    assert main(["verify", str(log), "--json"]) == 0
+    document = json.loads(capsys.readouterr().out)
+    size = document["streams"][0]["bytes"]
+    assert size > 0
+    assert document == {
+        "ok": True,
+        "streams_checked": 1,
+        "records": 3,
+        "bytes": size,
+        "corruptions": 0,
+        "streams": [{"stream": "a", "ok": True, "records": 3, "bytes": size, "corruptions": []}],
+    }
 
 
 def test_verify_one_stream(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -559,6 +811,26 @@ def test_verify_reports_each_damaged_segment_with_file_and_position(
     assert any(line.startswith("ok") and " t: 1 records" in line for line in out)  # next stream
     assert out[-1].startswith("checked 2 stream(s):")
     assert out[-1].endswith("2 corruption(s) found")
+    assert main(["verify", str(path), "--json"]) == 1
+    document = json.loads(capsys.readouterr().out)  # nothing but the one document
+    size = sum(seg["bytes"] for seg in segments)
+    assert document["ok"] is False
+    assert (document["streams_checked"], document["corruptions"]) == (2, 2)
+    assert document["records"] == checked + 1
+    assert document["bytes"] == size + document["streams"][1]["bytes"]
+    damaged, clean = document["streams"]
+    assert (damaged["stream"], damaged["ok"], damaged["records"]) == ("s", False, checked)
+    assert [(c["file"], c["position"]) for c in damaged["corruptions"]] == [
+        (str(first), 2 * entry),
+        (str(third), 0),
+    ]
+    assert any("mismatch" in c["reason"] for c in damaged["corruptions"])
+    assert (clean["stream"], clean["ok"], clean["records"], clean["corruptions"]) == (
+        "t",
+        True,
+        1,
+        [],
+    )
 
 
 def test_consume_of_a_damaged_segment_names_file_and_position(
@@ -590,7 +862,9 @@ def test_read_commands_never_create_a_log(
 ) -> None:
     missing = tmp_path / "typo" / "log"
     assert main([argv[0], str(missing), *argv[1:]]) == 1
-    assert_one_line_error(capsys.readouterr().err, str(missing), "is not a log")
+    err = capsys.readouterr().err
+    assert_one_line_error(err, str(missing), "is not a log: it does not exist (check the path")
+    assert "create=False" not in err  # the user's words, not a keyword argument's
     assert not missing.exists()
     assert not missing.parent.exists()
 
@@ -638,7 +912,9 @@ def test_consume_beyond_the_end(
     assert main(["consume", str(log), "s", "--from", start]) == 1
     captured = capsys.readouterr()
     assert captured.out == ""
-    assert_one_line_error(captured.err, f"offset {start}", "[0, 3]")
+    assert_one_line_error(
+        captured.err, f"offset {start} is outside the range of stream 's', [0, 3]"
+    )
     assert main(["consume", str(log), "s", "--from", start, "--follow"]) == 1
     assert_one_line_error(capsys.readouterr().err, f"offset {start}")
 

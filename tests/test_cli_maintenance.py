@@ -172,6 +172,20 @@ def test_alter_changes_maintenance_settings(
     assert main(["alter", str(path), "a", "retention_ms"]) == 2
 
 
+def test_alter_takes_sizes_and_durations_with_units(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = _log(tmp_path / "log")
+    argv = ["alter", str(path), "a", "retention_bytes=8KiB", "retention.ms=7d"]
+    assert main([*argv, "delete_retention_ms=12h", "local_retention_ms=-2"]) == 0
+    out = capsys.readouterr().out
+    assert "retention_bytes            8192" in out
+    assert "retention_ms               604800000" in out
+    assert "delete_retention_ms        43200000" in out
+    assert main(["alter", str(path), "a", "retention_bytes=8KB"]) == 2
+    assert "retention_bytes: not a size: '8KB'" in capsys.readouterr().err
+
+
 def test_merge_target_bytes_on_an_object_log(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

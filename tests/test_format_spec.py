@@ -1035,6 +1035,10 @@ def _sequencer_log(root: Path) -> Any:
     seq.forget_objects(["x"])
     seq.create_stream("b", {})
     seq.delete_stream("b")
+    lease = seq.acquire_lease("l", "w", 1_000)
+    assert lease is not None
+    seq.release_lease(lease)
+    seq.acquire_lease("l", "v", 1_000)
     return seq
 
 

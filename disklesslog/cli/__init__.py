@@ -1,7 +1,7 @@
 """The ``disklesslog`` command: inspect, feed, read and check logs from a shell.
 
-Every subcommand opens the log at a URL, does one thing and closes it. Read commands
-open with ``create=False`` so a mistyped path is an error instead of a new empty log.
+Every subcommand opens the log at a URL, does one thing and closes it. Only ``produce``
+and ``create`` create a log, so a mistyped path is an error instead of a new empty log.
 Failures a user can cause (bad URL, bad stream name, missing stream, offsets out of
 range, permissions) print one line ``disklesslog: error: ...`` and exit 1; usage
 errors exit 2 (argparse). See ``docs/cli.md`` for the reference.
@@ -18,7 +18,7 @@ from collections.abc import Callable
 
 from .. import __version__
 from ..errors import DisklessLogError
-from . import consume, maintenance, produce, repair, streams, verify
+from . import admin, consume, groups, maintenance, produce, repair, streams, verify
 from .common import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, PROG, CliError
 from .logs import log_options
 
@@ -36,9 +36,11 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     options = log_options()
     streams.add_commands(commands, options)
+    admin.add_commands(commands, options)
     produce.add_command(commands, options)
     consume.add_command(commands, options)
     verify.add_command(commands, options)
+    groups.add_command(commands, options)
     maintenance.add_commands(commands, options)
     repair.add_command(commands, options)
     return parser
@@ -71,6 +73,9 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if getattr(args, "idle_timeout", None) is not None and not args.follow:
         parser.error("--idle-timeout needs --follow")
+    check: Callable[[argparse.Namespace], None] | None = getattr(args, "check_usage", None)
+    if check is not None:  # a command's rules about which options go together
+        check(args)
     return args
 
 

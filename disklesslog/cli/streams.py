@@ -8,7 +8,7 @@ import json
 from typing import Any
 
 from ..api import StreamInfo
-from .common import EXIT_OK
+from .common import EXIT_OK, table
 from .logs import open_log
 
 __all__ = ["add_commands", "describe_dict", "describe_lines"]
@@ -20,6 +20,9 @@ def add_commands(commands: Any, log_options: argparse.ArgumentParser) -> None:
         "streams", parents=[log_options], help="list the streams of a log, one per line"
     )
     streams.add_argument("url", metavar="URL")
+    streams.add_argument(
+        "--json", action="store_true", help='print one JSON object: {"streams": [names]}'
+    )
     streams.set_defaults(handler=_cmd_streams)
 
     describe = commands.add_parser(
@@ -38,6 +41,9 @@ def add_commands(commands: Any, log_options: argparse.ArgumentParser) -> None:
 def _cmd_streams(args: argparse.Namespace) -> int:
     with open_log(args, create=False) as log:
         names = log.streams()
+    if args.json:
+        print(json.dumps({"streams": names}, indent=2))
+        return EXIT_OK
     for name in names:
         print(name)
     return EXIT_OK
@@ -78,7 +84,7 @@ def _describe_log(args: argparse.Namespace) -> int:
         return EXIT_OK
     unit = "objects" if any("objects" in r for r in rows) else "segments"
     total = ["(total)", "", "", sum(r["records"] for r in rows), sum(r["bytes"] for r in rows)]
-    lines = _table(
+    lines = table(
         [unit, "start", "end", "records", "bytes", "stream"],
         [
             [
@@ -133,14 +139,14 @@ def describe_lines(info: StreamInfo) -> list[str]:
     if "segments" in info.details:  # the local backend
         lines.append(f"segments:     {len(facts['segments'])}")
     if facts["segments"]:
-        lines += _table(
+        lines += table(
             ["base offset", "end offset", "bytes", "file"],
             [[s["base_offset"], s["end_offset"], s["bytes"], s["file"]] for s in facts["segments"]],
         )
     if "tiered" in facts:
         lines.append(f"tiered:       {len(facts['tiered'])}")
         if facts["tiered"]:
-            lines += _table(
+            lines += table(
                 ["base offset", "end offset", "bytes", "state", "object"],
                 [
                     [s["base_offset"], s["end_offset"], s["bytes"], s["state"], s["object"]]
@@ -157,13 +163,3 @@ _DESCRIBE_FIELDS = [
     ("records:", "records"),
     ("bytes:", "bytes"),
 ]
-
-
-def _table(header: list[str], rows: list[list[Any]]) -> list[str]:
-    """Right-aligned numbers, left-aligned last column, two spaces of indent."""
-    cells = [header, *([str(cell) for cell in row] for row in rows)]
-    widths = [max(len(row[i]) for row in cells) for i in range(len(header))]
-    return [
-        "  " + "  ".join(c.rjust(w) for c, w in zip(row[:-1], widths)) + "  " + row[-1]
-        for row in cells
-    ]

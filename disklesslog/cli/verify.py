@@ -1,11 +1,13 @@
 """``verify``: read and checksum every batch of a log's streams, report each corruption
-with its file and byte position, and exit 1 if there was any."""
+with its file and byte position (as text, or one JSON document), and exit 1 if there
+was any."""
 
 from __future__ import annotations
 
 import argparse
 import itertools
-from dataclasses import dataclass
+import json
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -24,30 +26,50 @@ def add_command(commands: Any, log_options: argparse.ArgumentParser) -> None:
     )
     verify.add_argument("url", metavar="URL")
     verify.add_argument("--stream", metavar="S", help="check only this stream")
+    verify.add_argument(
+        "--json", action="store_true", help="print the result as one JSON object at the end"
+    )
     verify.set_defaults(handler=_cmd_verify)
 
 
 @dataclass
 class _Checked:
-    """Running totals of a verify run."""
+    """Running totals of a verify run, and what it found per stream (for ``--json``)."""
 
+    quiet: bool = False
     streams: int = 0
     records: int = 0
     bytes: int = 0
     corruptions: int = 0
+    results: list[dict[str, Any]] = field(default_factory=list)
+
+    def say(self, line: str) -> None:
+        """A line of the text report (``--json`` prints only the document)."""
+        if not self.quiet:
+            print(line)
 
 
 def _cmd_verify(args: argparse.Namespace) -> int:
-    checked = _Checked()
+    checked = _Checked(quiet=args.json)
     with open_log(args, create=False) as log:
         names = [args.stream] if args.stream is not None else log.streams()
         for name in names:
             _verify_stream(log.stream(name), checked)
     found = f"{checked.corruptions} corruption(s) found" if checked.corruptions else "no corruption"
-    print(
+    checked.say(
         f"checked {checked.streams} stream(s): {checked.records} records, "
         f"{checked.bytes} bytes; {found}"
     )
+    if args.json:
+        document = {
+            "ok": not checked.corruptions,
+            "streams_checked": checked.streams,
+            "records": checked.records,
+            "bytes": checked.bytes,
+            "corruptions": checked.corruptions,
+            "streams": checked.results,
+        }
+        print(json.dumps(document, indent=2))
     return EXIT_ERROR if checked.corruptions else EXIT_OK
 
 
@@ -58,10 +80,18 @@ def _verify_stream(stream: Stream, checked: _Checked) -> None:
     segments, so one bad file does not hide damage in the others.
     """
     checked.streams += 1
+    result: dict[str, Any] = {
+        "stream": stream.name,
+        "ok": True,
+        "records": 0,
+        "bytes": None,
+        "corruptions": [],
+    }
+    checked.results.append(result)
     try:
         info = stream.info()
     except CorruptDataError as exc:
-        _report_corruption(stream.name, exc, checked)
+        _report_corruption(result, exc, checked)
         return
     position: int | None = info.start_offset
     records, problems = 0, 0
@@ -72,19 +102,24 @@ def _verify_stream(stream: Stream, checked: _Checked) -> None:
                 records += len(batch)
         except CorruptDataError as exc:
             problems += 1
-            _report_corruption(stream.name, exc, checked)
+            _report_corruption(result, exc, checked)
             position = _next_segment(info, exc, start)
     checked.records += records
     checked.bytes += info.size_bytes
+    result.update(records=records, bytes=info.size_bytes)
     status = "ok     " if not problems else "CORRUPT"
-    print(f"{status} {stream.name}: {records} records, {info.size_bytes} bytes")
+    checked.say(f"{status} {stream.name}: {records} records, {info.size_bytes} bytes")
 
 
-def _report_corruption(name: str, exc: CorruptDataError, checked: _Checked) -> None:
+def _report_corruption(result: dict[str, Any], exc: CorruptDataError, checked: _Checked) -> None:
     checked.corruptions += 1
+    result["ok"] = False
+    result["corruptions"].append(
+        {"file": exc.source, "position": exc.position, "reason": exc.reason}
+    )
     where = exc.source or "(unknown file)"
     at = "unknown position" if exc.position is None else f"byte {exc.position}"
-    print(f"CORRUPT {name}: {where} at {at}: {exc.reason}")
+    checked.say(f"CORRUPT {result['stream']}: {where} at {at}: {exc.reason}")
 
 
 def _next_segment(info: StreamInfo, exc: CorruptDataError, position: int) -> int | None:

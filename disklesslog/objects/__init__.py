@@ -24,6 +24,10 @@ __all__ = ["ObjectLog", "ObjectStream"]
 
 SCHEMES = ("s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "memory")
 
+OPTIONS = ("cache", "create", "retry_deadline_ms", "sequencer", "storage_options")
+"""The log options :func:`~disklesslog.objects.log.open_object_log` takes (besides
+stream settings), declared here so that listing them does not import the backend."""
+
 # The block cache lives in the storage layer (tiering reads through it too); its
 # earlier public name, ``disklesslog.objects.cache``, stays importable.
 sys.modules[f"{__name__}.cache"] = cache
@@ -44,5 +48,9 @@ def __getattr__(name: str) -> Any:
 
 
 register_backend(
-    "objects", "disklesslog.objects.log:open_object_log", schemes=SCHEMES, fallback=_fsspec_knows
+    "objects",
+    "disklesslog.objects.log:open_object_log",
+    schemes=SCHEMES,
+    fallback=_fsspec_knows,
+    options=OPTIONS,
 )

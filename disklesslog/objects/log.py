@@ -27,9 +27,9 @@ from ..errors import (
     ConfigError,
     InvalidURL,
     OffsetOutOfRange,
-    StreamExistsError,
     StreamNotFound,
 )
+from ..leases import LeaseKeeper
 from ..maintenance.report import MaintenanceReport, Progress
 from ..maintenance.retention import Unit
 from ..markers import MARKER, check_marker, marker_bytes
@@ -110,6 +110,9 @@ class ObjectLog(AbstractLog):
         return ObjectStream(self, validate_stream_name(name))
 
     def create_stream(self, name: str, **config: Any) -> ObjectStream:
+        """Create ``name`` in the sequencer, or return it if it exists with the same
+        settings fixed at creation; the :data:`~disklesslog.config.ALTERABLE` ones are
+        left as the stream has them (:meth:`AbstractLog.create_stream` has the rule)."""
         self.check_open()
         validate_stream_name(name)
         wanted = self._defaults.replace(**config)
@@ -117,11 +120,7 @@ class ObjectLog(AbstractLog):
             meta = self.sequencer.stream_info(name)
         except StreamNotFound:
             meta = self.sequencer.create_stream(name, wanted.to_dict())
-        existing = StreamConfig.from_dict(meta.config)
-        if existing != wanted:
-            raise StreamExistsError(
-                f"stream {name!r} already exists with a different configuration: {existing}"
-            )
+        existing = StreamConfig.from_dict(meta.config).created_again(name, wanted)
         with self._lock:
             self._configs[name] = existing
         return ObjectStream(self, name)
@@ -416,6 +415,14 @@ class ObjectLog(AbstractLog):
         self.check_open()
         return self.sequencer.committed_offsets(validate_group_name(group))
 
+    def groups(self) -> list[str]:
+        self.check_open()
+        return self.sequencer.list_groups()
+
+    def lease_keeper(self) -> LeaseKeeper:
+        """The sequencer's keeper: leases are sequencer state (``swap_lease``)."""
+        return self.sequencer.lease_keeper()
+
     # -------------------------------------------------------------- lifecycle
 
     def metrics(self) -> dict[str, float]:
@@ -553,7 +560,9 @@ class ObjectStream(Stream):
         return "batch" if count == 1 else "batches"
 
 
-LOCAL_ONLY_OPTIONS = frozenset({"tier_url", "tier_storage_options", "fsync", "fsync_interval_ms"})
+LOCAL_ONLY_OPTIONS = frozenset(
+    {"tier_url", "tier_storage_options", "fsync", "fsync_interval_ms", "max_open_streams"}
+)
 """Options of the segments backend that make no sense here: refused by name rather than
 with a generic "unknown option"."""
 
@@ -661,7 +670,9 @@ def _check_root(storage: ObjectStorage, url: str, *, create: bool) -> bool:
             f"{MARKER}); open an empty or new location instead"
         )
     if not create:
-        raise InvalidURL(f"{url} is not a log (no {MARKER}; opened with create=False)")
+        raise InvalidURL(
+            f"{url} is not a log: it has no {MARKER} (check the URL; this does not create a log)"
+        )
     return False
 
 

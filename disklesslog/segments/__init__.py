@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 from ..api import AbstractLog
@@ -29,4 +30,11 @@ def _open(url: str, location: str, options: dict[str, Any]) -> AbstractLog:
     return SegmentLog(location, url=url, **options)
 
 
-register_backend("segments", _open, schemes=("file",))
+def _log_options() -> list[str]:
+    """The keyword options of :class:`SegmentLog` (what ``open()`` passes on), read from
+    its signature so that the registry never lists one it lacks, or lacks a new one."""
+    parameters = inspect.signature(SegmentLog).parameters.values()
+    return [p.name for p in parameters if p.kind is p.KEYWORD_ONLY and p.name != "url"]
+
+
+register_backend("segments", _open, schemes=("file",), options=_log_options())

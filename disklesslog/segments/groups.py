@@ -19,10 +19,18 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from ..errors import CorruptDataError
+from ..errors import CorruptDataError, InvalidStreamName
+from ..names import validate_group_name
 from .layout import decode_json, flocked, write_json
 
-__all__ = ["GROUPS", "commit_offsets", "committed_offsets", "forget_stream", "group_path"]
+__all__ = [
+    "GROUPS",
+    "commit_offsets",
+    "committed_offsets",
+    "forget_stream",
+    "group_path",
+    "list_groups",
+]
 
 GROUPS = "groups"
 _VERSION = 2
@@ -45,6 +53,24 @@ def committed_offsets(root: Path, group: str) -> dict[str, int]:
     except FileNotFoundError:
         return {}
     return _decode(raw, path, group)
+
+
+def list_groups(root: Path) -> list[str]:
+    """The groups whose file holds at least one offset, sorted (a group's file stays,
+    empty, when :func:`forget_stream` took its last stream). Raises
+    :class:`CorruptDataError` naming a damaged group file, as reading that group would."""
+    directory = root / GROUPS
+    if not directory.exists():
+        return []
+    names = []
+    for path in sorted(directory.glob("*.json")):
+        try:
+            group = validate_group_name(path.stem)
+        except InvalidStreamName:
+            continue  # not a group's file (a group name cannot be a path)
+        if committed_offsets(root, group):
+            names.append(group)
+    return names
 
 
 def commit_offsets(root: Path, group: str, offsets: Mapping[str, int], *, sync: bool) -> None:
@@ -105,7 +131,7 @@ def _decode(raw: bytes, path: Path, group: str) -> dict[str, int]:
     offsets = content.get("offsets")
     if content.get("group") != group or not isinstance(offsets, dict):
         raise CorruptDataError(
-            f"consumer group file does not hold group {group!r}'s offsets", source=str(path)
+            f"consumer group file does not hold the offsets of group {group!r}", source=str(path)
         )
     for stream, offset in offsets.items():
         if type(stream) is not str or type(offset) is not int or offset < 0:

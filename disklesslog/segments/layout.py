@@ -259,7 +259,9 @@ def check_log_directory(root: Path, *, create: bool) -> None:
                 )
         if not create:
             what = "is an empty directory" if root.exists() else "does not exist"
-            raise InvalidURL(f"{root} is not a log: it {what} (opened with create=False)")
+            raise InvalidURL(
+                f"{root} is not a log: it {what} (check the path; this does not create a log)"
+            )
         root.mkdir(parents=True, exist_ok=True)
         write_marker(root)
     _check_marker(root, marker)

@@ -23,11 +23,13 @@ import errno
 import functools
 import logging
 import os
+import resource
 import shutil
 import threading
 import time
 import uuid
 import weakref
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from pathlib import Path
@@ -46,10 +48,10 @@ from ..errors import (
     ConfigError,
     CorruptDataError,
     OffsetOutOfRange,
-    StreamExistsError,
     StreamNotFound,
 )
 from ..format import EncodedBatch, as_column, encode_batch_borrowed, encode_record
+from ..leases import LeaseKeeper
 from ..maintenance.compaction import DEFAULT_MAX_KEYS, require_compacted
 from ..maintenance.grace import resolve_grace
 from ..maintenance.report import MaintenanceReport, Progress
@@ -81,6 +83,7 @@ from .layout import (
     segment_name,
     write_json,
 )
+from .leases import lease_keeper
 from .store import FSYNC_POLICIES, Repair, StreamGone, StreamStore, flag_deleted
 from .tiering import operations as tiering
 from .tiering.manifest import Manifest, ManifestCache
@@ -90,7 +93,7 @@ from .tiering.target import Tier, check_tier, configure_tier
 from .transactions import SegmentStager
 from .writer import SegmentWriter
 
-__all__ = ["SegmentLog", "SegmentStream"]
+__all__ = ["MAX_OPEN_STREAMS", "SegmentLog", "SegmentStream", "default_max_open_streams"]
 
 log = logging.getLogger("disklesslog")
 
@@ -103,6 +106,25 @@ DEFAULT_LINGER_MS = 5
 DEFAULT_MAX_BUFFER_BYTES = 8 << 20
 TIER_RECHECK_SECONDS = 1.0
 """How often a log opened without a tier looks whether another process gave it one."""
+MAX_OPEN_STREAMS = 1_000_000
+"""The largest ``max_open_streams`` accepted (two descriptors each)."""
+_MIN_DEFAULT_OPEN_STREAMS = 16
+
+
+def default_max_open_streams() -> int:
+    """The default ``max_open_streams``: a quarter of the process's soft limit on open
+    descriptors (``RLIMIT_NOFILE``, ``ulimit -n``), at least 16.
+
+    An open stream holds two descriptors (its state file, which is also its lock, and
+    its active segment), so a quarter of the limit in streams takes half the
+    descriptors and leaves the other half to the application and to what the log opens
+    briefly: one segment file per read in progress, index files, files of maintenance
+    and two-phase commits. Under the common ``ulimit -n 1024`` that is 256 streams; an
+    unlimited limit counts as 2**20."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY or soft > 1 << 20:
+        soft = 1 << 20
+    return max(_MIN_DEFAULT_OPEN_STREAMS, soft // 4)
 
 
 @typed_os_errors(
@@ -124,6 +146,14 @@ class SegmentLog(AbstractLog):
     buffer, counted in keys): a stream with more keys in its dirty segments is
     compacted over several passes. ``retry_deadline_ms`` bounds the retries of the
     tier's requests (``tier_url=``), as it does every request of an object log.
+
+    ``max_open_streams`` bounds the streams that hold their two descriptors open at
+    once (default: :func:`default_max_open_streams`). The log uses any number of
+    streams: one not used lately is *parked* (its descriptors closed, what this process
+    knows of its files kept), and its next use reopens two files and catches up with
+    what other processes appended meanwhile, without a recovery scan. A stream in use
+    (an append, a snapshot, a maintenance or commit step) is never parked, so the bound
+    may be passed while more streams than it are in use at once.
     """
 
     def __init__(
@@ -135,6 +165,7 @@ class SegmentLog(AbstractLog):
         fsync_interval_ms: int = 1000,
         create: bool = True,
         cleaner_max_keys: int = DEFAULT_MAX_KEYS,
+        max_open_streams: int | None = None,
         tier_url: str | None = None,
         tier_storage_options: Mapping[str, Any] | None = None,
         retry_deadline_ms: int = DEADLINE_MS,
@@ -148,7 +179,16 @@ class SegmentLog(AbstractLog):
             raise ConfigError("fsync_interval_ms must be an int in 1..3600000")
         if type(cleaner_max_keys) is not int or cleaner_max_keys < 1:
             raise ConfigError(f"cleaner_max_keys must be a positive int, not {cleaner_max_keys!r}")
+        if max_open_streams is None:
+            max_open_streams = default_max_open_streams()
+        elif type(max_open_streams) is not int or not 1 <= max_open_streams <= MAX_OPEN_STREAMS:
+            raise ConfigError(
+                f"max_open_streams must be an int in 1..{MAX_OPEN_STREAMS} (streams holding "
+                f"their files open at once; None for a quarter of ulimit -n), not "
+                f"{max_open_streams!r}"
+            )
         self._cleaner_max_keys = cleaner_max_keys
+        self._max_open = max_open_streams
         self._defaults = StreamConfig.from_dict(stream_defaults)
         retry_deadline = deadline_seconds(retry_deadline_ms)
         check_tier(  # creates nothing
@@ -164,6 +204,8 @@ class SegmentLog(AbstractLog):
         self.path = root
         self._fsync = fsync
         self._stores: dict[str, StreamStore] = {}
+        # The stores holding descriptors, least recently opened first (lock held).
+        self._open: OrderedDict[StreamStore, None] = OrderedDict()
         self._lock = threading.Lock()
         self._metrics = Metrics()
         self._retired = [0, 0, 0]  # append counters of stores already closed
@@ -204,6 +246,12 @@ class SegmentLog(AbstractLog):
             raise
 
     @property
+    def max_open_streams(self) -> int:
+        """How many streams hold their descriptors open at most (two each), unless more
+        are in use at once (see the class)."""
+        return self._max_open
+
+    @property
     def stream_defaults(self) -> StreamConfig:
         """The configuration new streams get unless ``create_stream`` says otherwise."""
         return self._defaults
@@ -215,17 +263,17 @@ class SegmentLog(AbstractLog):
         return SegmentStream(self, validate_stream_name(name))
 
     def create_stream(self, name: str, **config: Any) -> SegmentStream:
+        """Create ``name`` (its directory, built aside and renamed into place), or
+        return it if it exists with the same settings fixed at creation; the
+        :data:`~disklesslog.config.ALTERABLE` ones are left as the stream has them
+        (:meth:`AbstractLog.create_stream` has the rule)."""
         self.check_open()
         validate_stream_name(name)
         wanted = self._defaults.replace(**config)
         directory = self.stream_dir(name)
         if not directory.exists():
             self._create_directory(name, wanted)
-        existing = self.read_config(name)
-        if existing != wanted:
-            raise StreamExistsError(
-                f"stream {name!r} already exists with a different configuration: {existing}"
-            )
+        self.read_config(name).created_again(name, wanted)
         return SegmentStream(self, name)
 
     def streams(self) -> list[str]:
@@ -301,6 +349,15 @@ class SegmentLog(AbstractLog):
         self.check_open()
         return groups.committed_offsets(self.path, validate_group_name(group))
 
+    def groups(self) -> list[str]:
+        """The groups with a committed offset (a file in ``groups/`` that holds one)."""
+        self.check_open()
+        return groups.list_groups(self.path)
+
+    def lease_keeper(self) -> LeaseKeeper:
+        """Leases in ``leases/<name>.json`` (:mod:`~disklesslog.segments.leases`)."""
+        return lease_keeper(self.path)
+
     # ---------------------------------------------------------- maintenance
 
     def repair(
@@ -333,6 +390,7 @@ class SegmentLog(AbstractLog):
             old = self._stores.pop(stream, None)
             if old is not None:
                 self._retire(old)
+                self._open.pop(old, None)
         if old is not None:
             old.close()
         config = self.read_config(stream)
@@ -345,6 +403,7 @@ class SegmentLog(AbstractLog):
                 self._metrics,
                 hold=self._held,
                 repair=Repair(accept_data_loss, start_offset),
+                on_open=self._opened,
             )
         except StreamGone:
             raise StreamNotFound(f"stream {stream!r} does not exist in {self.url}") from None
@@ -352,8 +411,12 @@ class SegmentLog(AbstractLog):
         if not store.repairs:
             report.skipped.append(f"{stream}: nothing to repair")
         with self._lock:
-            if self._closed or self._stores.setdefault(stream, store) is not store:
-                store.close()
+            kept = not self._closed and self._stores.setdefault(stream, store) is store
+            if kept:
+                self._open[store] = None
+                self._park_unused()
+        if not kept:
+            store.close()
         return report
 
     def compact(
@@ -578,6 +641,7 @@ class SegmentLog(AbstractLog):
         with self._lock:
             self._closed = True
             stores, self._stores = list(self._stores.values()), {}
+            self._open.clear()
             for store in stores:
                 self._retire(store)
         failed: list[Exception] = []
@@ -733,22 +797,66 @@ class SegmentLog(AbstractLog):
             self._create_directory(name, self._defaults)
         config = self.read_config(name)
         store = StreamStore(
-            self.stream_dir(name), name, config, self._fsync, self._metrics, hold=self._held
+            self.stream_dir(name),
+            name,
+            config,
+            self._fsync,
+            self._metrics,
+            hold=self._held,
+            on_open=self._opened,
         )
         with self._lock:
             if self._closed:
                 store.close()
                 self.check_open()
             existing = self._stores.setdefault(name, store)
+            if existing is store:
+                self._open[store] = None
+                self._park_unused()
         if existing is not store:
             store.close()
         return existing
+
+    def _opened(self, store: StreamStore) -> None:
+        """A parked store opened its files again (called by it, its mutex held): count it
+        and park others if the log holds too many open."""
+        with self._lock:
+            if self._stores.get(store.name) is store:
+                self._open[store] = None
+                if len(self._open) > self._max_open:
+                    self._park_unused(keep=store)
+
+    def _park_unused(self, *, keep: StreamStore | None = None) -> None:
+        """Park stores until at most ``max_open_streams`` hold descriptors (lock held).
+
+        The clock algorithm over the open stores, oldest opened first: one used since
+        the hand last passed gets a second chance (moved to the back, its mark cleared);
+        one in use (pins, another thread inside it, or ``keep``: the store opening its
+        files again, inside its own call) is skipped. Two rounds at most;
+        if every store is in use the bound is passed until they are not."""
+        excess = len(self._open) - self._max_open
+        turns = 2 * len(self._open)
+        while excess > 0 and turns > 0:
+            turns -= 1
+            store = next(iter(self._open))
+            if store.parked or self._stores.get(store.name) is not store:
+                del self._open[store]  # parked or forgotten by another path
+                excess -= 1
+            elif store.used or store.pins or store is keep:
+                store.used = False
+                self._open.move_to_end(store)
+            elif store.park():
+                del self._open[store]
+                excess -= 1
+            else:
+                self._open.move_to_end(store)
 
     def _forget(self, name: str, store: StreamStore) -> None:
         with self._lock:
             if self._stores.get(name) is store:
                 del self._stores[name]
                 self._retire(store)
+            self._open.pop(store, None)
         store.close()
 
     def _retire(self, store: StreamStore) -> None:
@@ -777,11 +885,16 @@ class SegmentLog(AbstractLog):
             except StreamGone:
                 time.sleep(0.001 * attempt)
                 continue
+            with self._lock:
+                store.pins += 1  # in use: never parked meanwhile
             try:
                 return action(store)
             except StreamGone:
                 self._forget(name, store)
                 time.sleep(0.001 * attempt)
+            finally:
+                with self._lock:
+                    store.pins -= 1
         raise StreamNotFound(f"stream {name!r} was deleted while in use")
 
     def _sync_loop(self, interval: float) -> None:

@@ -68,7 +68,7 @@ def read(
     lo = snap.start_offset if start is None else start
     if not snap.start_offset <= lo <= snap.end_offset:
         raise OffsetOutOfRange(
-            f"offset {lo} is outside {store.name!r}'s range "
+            f"offset {lo} is outside the range of stream {store.name!r}, "
             f"[{snap.start_offset}, {snap.end_offset}]",
             start_offset=snap.start_offset,
             end_offset=snap.end_offset,

@@ -16,6 +16,15 @@ Key compaction replaces closed segment files under the lock (:mod:`.swap`). A
 lock-free reader therefore lists the directory only while no swap is under way, and
 checks afterwards that the state record did not change while it looked; on compacted
 streams a cached :class:`Segment` is reused only while its file has the same inode.
+
+A store holds two descriptors (the state file, which is also the lock, and the active
+segment). A process with many streams *parks* the stores it has not used lately
+(:meth:`StreamStore.park`): their descriptors are closed and their view of the files is
+kept, so the next call reopens the two files and goes on as after any other pause,
+catching up with what other processes did meanwhile: no recovery scan, no sync. The
+view is trusted again only if the files are the ones it was built from
+(:meth:`StreamStore._reopen`); otherwise the stream was deleted (and perhaps created anew) and
+the store is gone.
 """
 
 from __future__ import annotations
@@ -46,6 +55,7 @@ from ..metrics import Metrics
 from ..storage.atomic import fsync_directory
 from . import loss, swap
 from .layout import (
+    CONFIG,
     FLAG_DELETED,
     FLAG_SWAPPING,
     FLAG_UNSYNCED,
@@ -157,8 +167,22 @@ class StreamStore:
         *,
         hold: Callable[[str], int | None] | None = None,
         repair: Repair | None = None,
+        on_open: Callable[[StreamStore], None] | None = None,
     ) -> None:
         self.name = name
+        # Told when a parked store opens its files again (the log counts open stores).
+        self._on_open = on_open
+        self._parked = False
+        # Which files the view belongs to (see _reopen): the state file's device, inode
+        # and change time when first parked or last reopened, stream.json's when the
+        # store opened.
+        self._state_id: tuple[int, int, int] | None = None
+        self._config_id: tuple[int, int, int] | None = None
+        self.used = True
+        """Set by every call; the log clears it to find stores not used lately."""
+        self.pins = 0
+        """Calls in progress through the log (changed under the log's lock): a store
+        with pins is never parked."""
         self._repair = repair
         self.repairs: list[str] = []
         """What the recovery run with ``repair`` did, one line each."""
@@ -185,11 +209,13 @@ class StreamStore:
         self._state = StreamState()
         self._state_raw = b""
         self._lock_held = False  # _locked() is reentrant (see there)
+        self._state_path = os.path.join(directory, STATE)
         try:
-            self._lock_fd = os.open(directory / STATE, os.O_RDWR)
+            self._lock_fd = os.open(self._state_path, os.O_RDWR)
         except FileNotFoundError:
             raise StreamGone(name) from None
         try:
+            self._config_id = _identity(os.stat(directory / CONFIG))
             with self._mutex, self._locked():
                 self._recover()
         except BaseException:
@@ -203,8 +229,10 @@ class StreamStore:
     def locked(self) -> Iterator[None]:
         """Hold this stream's lock (this process's mutex and the file lock), for a change
         that appends, trims and compactions in any process must not interleave with."""
-        with self._mutex, self._locked():
-            yield
+        with self._mutex:
+            self._attach()
+            with self._locked():
+                yield
 
     @contextlib.contextmanager
     def _locked(self) -> Iterator[None]:
@@ -234,6 +262,133 @@ class StreamStore:
     def _check_open(self) -> None:
         if self._closed:
             raise LogClosedError(f"stream {self.name!r} is closed")
+
+    # ---------------------------------------------------------------- parking
+
+    def park(self) -> bool:
+        """Close this store's descriptors if nothing uses it now; whether it did.
+
+        Never waits: a store another thread is in (an append, a read's snapshot, a
+        sync), whose lock is held, or that has pins, is left open. The view of the
+        files stays; unsynced appends stay unsynced (the fsync thread and
+        :meth:`close` sync a parked store through descriptors of their own)."""
+        if not self._mutex.acquire(blocking=False):
+            return False
+        try:
+            if self._closed or self._parked or self._lock_held or self.pins:
+                return False
+            self._release()
+            self._parked = True
+            return True
+        finally:
+            self._mutex.release()
+
+    @property
+    def parked(self) -> bool:
+        """Whether the store's descriptors are closed until its next use."""
+        return self._parked
+
+    def _attach(self) -> None:
+        """Before a call uses the files (mutex held): mark the store used and reopen a
+        parked one, telling the log (which may park others)."""
+        self.used = True
+        if not self._parked:
+            return
+        self._check_open()
+        self._reopen()
+        self._parked = False
+        if self._on_open is not None:
+            self._on_open(self)
+
+    @contextlib.contextmanager
+    def _descriptors(self) -> Iterator[None]:
+        """The files open for one call of the store's own (mutex held): a sync or a close
+        of a parked store opens them for the call alone and stays parked."""
+        if not self._parked:
+            yield
+            return
+        self._reopen()
+        try:
+            yield
+        finally:
+            self._release()
+
+    def _release(self) -> None:
+        """Close the descriptors (mutex held, lock not held), first recording which
+        state file the view belongs to unless the last reopen did. A failed close loses
+        nothing: the lock is not held, and appends not synced yet are synced through
+        the file's next descriptor, whose first sync reports a write-back error no
+        descriptor has reported."""
+        if self._state_id is None:
+            try:
+                self._state_id = _identity(os.fstat(self._lock_fd))
+            except OSError:
+                self._state_id = (0, 0, 0)  # reopening then finds the stream gone
+        fds = self._active_fd, self._lock_fd
+        self._active_fd = self._lock_fd = -1
+        for fd in fds:
+            if fd >= 0:
+                try:  # noqa: SIM105 (a suppress() per close costs as much as the close)
+                    os.close(fd)
+                except OSError:
+                    pass
+
+    def _reopen(self) -> None:
+        """Open the state and active files of a parked store again (mutex held).
+
+        :class:`StreamGone` if they are not the files the view was built from: the
+        state file is another inode, or it was written since the store was last
+        reopened (or first parked) and ``stream.json`` is not the one the store opened
+        with (a stream deleted and
+        created again has new files of both; the same inode numbers for both, the new
+        ``stream.json`` made within the old one's clock tick, is what it would take to
+        look the same). ``alter_stream`` replaces ``stream.json`` too, so after one the
+        store may be found gone and opened afresh: slower, never wrong.
+
+        If the state record changed meanwhile (another process appended, rolled,
+        trimmed...), the next refresh catches up as it would after any pause; if the
+        active file itself went (trimmed away by another process), the next call runs
+        recovery under the lock, which rebuilds the view from the files."""
+        try:
+            lock_fd = os.open(self._state_path, os.O_RDWR)
+        except FileNotFoundError:
+            raise StreamGone(self.name) from None
+        active_fd = -1
+        try:
+            stat = os.fstat(lock_fd)
+            state = stat.st_dev, stat.st_ino, stat.st_ctime_ns
+            unchanged = state == self._state_id
+            if not unchanged:
+                self._check_files(state)
+            self._state_id = state
+            active = self._segments[-1]
+            try:  # noqa: SIM105 (a suppress() costs as much as the open: the hot path)
+                active_fd = os.open(active.log_path, os.O_RDWR | os.O_APPEND)
+            except FileNotFoundError:
+                pass
+            # The state record is untouched since the store was parked: nothing rolled,
+            # trimmed, swapped or truncated, so this is the file the view knows.
+            if not unchanged and active_fd >= 0 and os.fstat(active_fd).st_ino != active.inode:
+                close_quietly(active_fd)
+                active_fd = -1
+        except BaseException:
+            close_quietly(lock_fd)
+            if active_fd >= 0:
+                close_quietly(active_fd)
+            raise
+        self._lock_fd, self._active_fd = lock_fd, active_fd
+        if active_fd < 0:
+            self._broken = True
+
+    def _check_files(self, state: tuple[int, int, int]) -> None:
+        """:class:`StreamGone` unless the state file (``state``: device, inode, change
+        time), written since the store was last reopened, and ``stream.json`` are still
+        the files the store opened with (see :meth:`_reopen`)."""
+        known = self._state_id
+        if known is None or state[:2] != known[:2]:
+            raise StreamGone(self.name)
+        if _identity(os.stat(self.directory / CONFIG)) != self._config_id:
+            raise StreamGone(self.name)
 
     def _write_state(self, state: StreamState, *, sync: bool = False, copy: bool = False) -> None:
         """Write the state record; with ``copy`` (the start offset or the active segment
@@ -326,6 +481,7 @@ class StreamStore:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.directory / segment_name(state.active_segment, LOST_SUFFIX))
         closed = self._closed_segments(bases, state, locked=True)
+        before_loss = state
         try:
             segment, fd, truncated = self._open_active(state, recovering=True, locked=True)
         except DataLossError as exc:
@@ -342,7 +498,13 @@ class StreamStore:
             new.start_offset,
             new.active_segment,
         )
-        if stale and copy_exists:
+        # An accepted loss moves the state on: a copy that matched the state before it
+        # is behind by construction, not damaged, and is rewritten without a warning.
+        expected = copy is not None and (copy.start_offset, copy.active_segment) == (
+            before_loss.start_offset,
+            before_loss.active_segment,
+        )
+        if stale and copy_exists and not (state is not before_loss and expected):
             log.warning(
                 "stream %r: rewriting %s, which was damaged or behind", self.name, STATE_COPY
             )
@@ -784,6 +946,7 @@ class StreamStore:
         with self._mutex:
             if self._closed:
                 self._check_open()
+            self._attach()
             fcntl.flock(self._lock_fd, fcntl.LOCK_EX)
             try:
                 self._refresh(locked=True)
@@ -1137,6 +1300,7 @@ class StreamStore:
         two files, and the start offset never moves back once a trim returned."""
         with self._mutex:
             self._check_open()
+            self._attach()
             with self._locked():
                 self._refresh(locked=True)
                 end = self._active.end_offset
@@ -1165,16 +1329,18 @@ class StreamStore:
 
     def mark_deleted(self) -> None:
         """Flag the stream deleted so every process drops it (the caller removes the files)."""
-        with self._mutex, self._locked():
-            self._write_state(
-                replace(
-                    self._state,
-                    generation=self._state.generation + 1,
-                    flags=self._state.flags | FLAG_DELETED,
-                ),
-                sync=self._fsync != "never",
-            )
-            self._closed = True
+        with self._mutex:
+            self._attach()
+            with self._locked():
+                self._write_state(
+                    replace(
+                        self._state,
+                        generation=self._state.generation + 1,
+                        flags=self._state.flags | FLAG_DELETED,
+                    ),
+                    sync=self._fsync != "never",
+                )
+                self._closed = True
 
     # ------------------------------------------------------------- durability
 
@@ -1187,10 +1353,15 @@ class StreamStore:
     def sync(self) -> None:
         """Make written data durable and advance the recovery point (the interval policy).
 
-        The fsync runs without holding the lock, so appends continue meanwhile.
+        The fsync runs without holding the lock, so appends continue meanwhile; that of
+        a parked store (not in use) runs under it, through descriptors opened for it.
         """
         with self._mutex:
             if self._closed or not self._unsynced:
+                return
+            if self._parked:
+                with self._descriptors(), self._locked():
+                    self._sync_locked()
                 return
             if self._broken:  # recovery syncs the active segment and moves the point
                 with self._locked():
@@ -1211,11 +1382,19 @@ class StreamStore:
         with self._mutex:
             if self._closed:
                 return
-            with self._locked():
+            with self._descriptors(), self._locked():  # parked meanwhile?
                 self._refresh(locked=True)
                 state = self._state
                 if state.active_segment == base and state.recovery_position < size:
                     self._write_state(self._recovery_moved(state, size, end))
+
+    def _sync_locked(self) -> None:
+        """Sync this process's appends and move the recovery point past them (lock held)."""
+        self._refresh(locked=True)  # recovers first if a failure left it to
+        if self._unsynced:
+            self._sync_data()
+            if self._state.recovery_position < self._active.size:
+                self._write_state(self._recovered())
 
     def close(self) -> None:
         """Sync, record the recovery point and release the files. Idempotent."""
@@ -1225,12 +1404,8 @@ class StreamStore:
                 return
             try:
                 if self._unsynced or self._broken:
-                    with self._locked():
-                        self._refresh(locked=True)  # recovers first if a failure left it to
-                        if self._unsynced:
-                            self._sync_data()
-                            if self._state.recovery_position < self._active.size:
-                                self._write_state(self._recovered())
+                    with self._descriptors(), self._locked():
+                        self._sync_locked()
             except StreamGone:
                 pass
             finally:
@@ -1250,6 +1425,7 @@ class StreamStore:
         """
         with self._mutex:
             self._check_open()
+            self._attach()
             if fresh:
                 with self._locked():
                     self._refresh(locked=True)
@@ -1270,8 +1446,10 @@ class StreamStore:
 
     @contextlib.contextmanager
     def _exclusive(self) -> Iterator[None]:
-        with self._mutex, self._locked():
-            yield
+        with self._mutex:
+            self._attach()
+            with self._locked():
+                yield
 
     # ------------------------------------------------------------- compaction
 
@@ -1280,6 +1458,7 @@ class StreamStore:
         than at the next open: a compactor calls this before its pass."""
         with self._mutex:
             self._check_open()
+            self._attach()
             with self._locked():
                 if self._state.swapping or (self.directory / INTENT).exists():
                     self._recover()
@@ -1300,6 +1479,7 @@ class StreamStore:
         sync = self._fsync != "never"
         with self._mutex:
             self._check_open()
+            self._attach()
             with self._locked():
                 self._refresh(locked=True)
                 active = self._state.active_segment
@@ -1397,6 +1577,12 @@ def _runs(
         runs[-1].append(batch)
         size += entry
     return runs
+
+
+def _identity(stat: os.stat_result) -> tuple[int, int, int]:
+    """Device, inode and change time of a file: which file it is, and whether it was
+    written (a write moves the change time)."""
+    return stat.st_dev, stat.st_ino, stat.st_ctime_ns
 
 
 def _fdatasync(fd: int) -> None:

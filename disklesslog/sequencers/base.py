@@ -15,13 +15,16 @@ can subclass too. The idempotence and fencing rules live once, in
 
 from __future__ import annotations
 
+import threading
+import time
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any
 
 from ..errors import DisklessLogError
+from ..leases import Lease, LeaseKeeper, LeaseRecord
 
 __all__ = [
     "NO_PRODUCER",
@@ -89,8 +92,13 @@ class TransactionResult:
     """
 
     transaction_id: str
+    """The id the transaction was committed under."""
     ranges: dict[str, tuple[int, int]]
+    """Per stream written, ``(first_offset, end_offset)``: the transaction's records
+    hold exactly the offsets ``first_offset <= offset < end_offset``."""
     duplicate: bool = False
+    """Whether the id had been committed before: then ``ranges`` are that commit's,
+    and this call stored nothing."""
 
 
 @dataclass(frozen=True)
@@ -127,6 +135,9 @@ class StreamMeta:
     config: dict[str, Any] = field(default_factory=dict)
 
 
+_KEEPERS_LOCK = threading.Lock()
+
+
 class Sequencer(ABC):
     """Orders batches of shared objects into streams. Thread-safe.
 
@@ -136,6 +147,10 @@ class Sequencer(ABC):
     """
 
     url: str = ""
+
+    lease_clock: Callable[[], float] = time.monotonic
+    """Monotonic seconds that measure lease durations (an implementation sets the clock
+    a test injects)."""
 
     # ----------------------------------------------------------------- streams
 
@@ -289,6 +304,51 @@ class Sequencer(ABC):
     @abstractmethod
     def committed_offsets(self, group: str) -> dict[str, int]:
         """A consumer group's stored offsets ({} for an unknown group)."""
+
+    @abstractmethod
+    def list_groups(self) -> list[str]:
+        """The groups with at least one stored offset, sorted."""
+
+    # ------------------------------------------------------------------ leases
+
+    @abstractmethod
+    def read_lease(self, name: str) -> LeaseRecord | None:
+        """The stored record of lease ``name`` (None if never acquired); see
+        :class:`~disklesslog.leases.LeaseStore`. A damaged record raises
+        :class:`~disklesslog.CorruptDataError`."""
+
+    @abstractmethod
+    def swap_lease(self, name: str, serial: int, record: LeaseRecord) -> bool:
+        """Store ``record`` for lease ``name`` if its stored serial is still ``serial``
+        (0: none stored), atomically; False and no change otherwise. Callers use the
+        ``*_lease`` methods below, which keep the rules of
+        :class:`~disklesslog.leases.LeaseKeeper`."""
+
+    def acquire_lease(self, name: str, holder: str, duration_ms: int) -> Lease | None:
+        """:meth:`LeaseKeeper.acquire <disklesslog.leases.LeaseKeeper.acquire>`."""
+        return self.lease_keeper().acquire(name, holder, duration_ms)
+
+    def renew_lease(self, lease: Lease) -> Lease:
+        """:meth:`LeaseKeeper.renew <disklesslog.leases.LeaseKeeper.renew>` (LeaseLost)."""
+        return self.lease_keeper().renew(lease)
+
+    def release_lease(self, lease: Lease) -> None:
+        """:meth:`LeaseKeeper.release <disklesslog.leases.LeaseKeeper.release>`."""
+        self.lease_keeper().release(lease)
+
+    def lease_holder(self, name: str) -> Lease | None:
+        """:meth:`LeaseKeeper.holder <disklesslog.leases.LeaseKeeper.holder>`."""
+        return self.lease_keeper().holder(name)
+
+    def lease_keeper(self) -> LeaseKeeper:
+        """This instance's keeper (for the package's own modules: an object log's leases
+        use its sequencer's). Its observations of other holders' records are what lets
+        it take an expired lease over, so there is one per sequencer object."""
+        with _KEEPERS_LOCK:
+            keeper: LeaseKeeper | None = self.__dict__.get("_leases")
+            if keeper is None:
+                keeper = self.__dict__["_leases"] = LeaseKeeper(self, self.lease_clock)
+            return keeper
 
     # ------------------------------------------------------------------ closing
 

@@ -25,7 +25,8 @@ from ..errors import (
     InvalidURL,
     StreamNotFound,
 )
-from ..names import validate_group_name, validate_stream_name
+from ..leases import LeaseRecord, check_lease_record
+from ..names import validate_group_name, validate_lease_name, validate_stream_name
 from .base import (
     BatchLocation,
     BatchPage,
@@ -125,6 +126,8 @@ class MemorySequencer(Sequencer):
     def __init__(self, *, name: str | None = None, clock: Clock = time.time) -> None:
         self.url = "" if name is None else f"memory://{name}"
         self._clock = clock
+        if clock is not time.time:  # an injected clock measures leases too
+            self.lease_clock = clock
         self._lock = threading.Lock()
         self._streams: dict[str, _Stream] = {}
         self._next_stream_id = 1
@@ -139,6 +142,7 @@ class MemorySequencer(Sequencer):
         self._transactions: OrderedDict[str, tuple[float, dict[str, tuple[int, int]]]] = (
             OrderedDict()
         )
+        self._lease_records: dict[str, LeaseRecord] = {}
 
     def __repr__(self) -> str:
         return f"MemorySequencer({self.url or '<private>'})"
@@ -433,6 +437,27 @@ class MemorySequencer(Sequencer):
         with self._lock:
             return dict(self._groups.get(group, {}))
 
+    def list_groups(self) -> list[str]:
+        with self._lock:
+            return sorted(group for group, offsets in self._groups.items() if offsets)
+
+    # ------------------------------------------------------------------ leases
+
+    def read_lease(self, name: str) -> LeaseRecord | None:
+        validate_lease_name(name)
+        with self._lock:
+            return self._lease_records.get(name)
+
+    def swap_lease(self, name: str, serial: int, record: LeaseRecord) -> bool:
+        validate_lease_name(name)
+        check_lease_record(serial, record)
+        with self._lock:
+            current = self._lease_records.get(name)
+            if (0 if current is None else current.serial) != serial:
+                return False
+            self._lease_records[name] = record
+            return True
+
     # ---------------------------------------------------------------- snapshots
 
     def live_batches(self) -> int:
@@ -494,6 +519,10 @@ class MemorySequencer(Sequencer):
                     [txn, at, [[name, first, end] for name, (first, end) in ranges.items()]]
                     for txn, (at, ranges) in self._transactions.items()
                 ],
+                "leases": sorted(
+                    [name, r.holder, r.token, r.serial, r.duration_ms]
+                    for name, r in self._lease_records.items()
+                ),
             }
 
     @classmethod
@@ -524,6 +553,8 @@ class MemorySequencer(Sequencer):
         seq._groups = {g: dict(offsets) for g, offsets in snapshot["groups"]}
         for txn, at, ranges in snapshot.get("transactions", ()):  # absent before transactions
             seq._transactions[txn] = (at, {name: (first, end) for name, first, end in ranges})
+        for name, *fields in snapshot.get("leases", ()):  # absent before leases
+            seq._lease_records[name] = LeaseRecord(*fields)
         return seq
 
     # ----------------------------------------------------------------- helpers

@@ -67,7 +67,8 @@ from ..errors import (
     SequencerError,
     StorageError,
 )
-from ..names import validate_stream_name
+from ..leases import LeaseRecord, check_lease_record
+from ..names import validate_lease_name, validate_stream_name
 from ..retries import DEADLINE
 from ..storage.filesystems import open_filesystem
 from .base import (
@@ -195,6 +196,8 @@ class ObjectStoreSequencer(Sequencer):
         self.url = url or f"objectstore+{protocol}://{root.rstrip('/')}"
         self._storage = SequencerStorage(fs, root, self.url, deadline=retry_deadline)
         self._clock = clock
+        if clock is not time.time:  # an injected clock measures leases too
+            self.lease_clock = clock
         self._checkpoint_every = checkpoint_every
         self._retention = float(entry_retention_seconds)
         self._fresh_window = self._retention / 4
@@ -259,6 +262,10 @@ class ObjectStoreSequencer(Sequencer):
     def committed_offsets(self, group: str) -> dict[str, int]:
         with self._reading() as state:
             return state.committed_offsets(group)
+
+    def list_groups(self) -> list[str]:
+        with self._reading() as state:
+            return state.list_groups()
 
     def list_objects(self) -> list[str]:
         with self._reading() as state:
@@ -356,6 +363,25 @@ class ObjectStoreSequencer(Sequencer):
 
     def commit_offsets(self, group: str, offsets: Mapping[str, int]) -> None:
         self._submit(["commit_offsets", group, check_offsets(group, offsets)])
+
+    # ------------------------------------------------------------------ leases
+
+    def read_lease(self, name: str) -> LeaseRecord | None:
+        """The record as of the newest entry (read from storage first), so the time this
+        process notes it as first seen is after the entry that wrote it."""
+        validate_lease_name(name)
+        with self._reading() as state:
+            return state.read_lease(name)
+
+    def swap_lease(self, name: str, serial: int, record: LeaseRecord) -> bool:
+        """One ``swap_lease`` operation: every replica compares the serial as it applies
+        the entry, so of two processes swapping from one serial exactly one wins (the
+        entry order decides)."""
+        validate_lease_name(name)
+        r = check_lease_record(serial, record)
+        op = ["swap_lease", name, serial, r.holder, r.token, r.serial, r.duration_ms]
+        result: bool = self._submit(op)
+        return result
 
     def close(self) -> None:
         self._closed = True
@@ -927,6 +953,18 @@ def _discard(state: MemorySequencer, reason: str) -> None:
     )
 
 
+def _swap_lease(
+    state: MemorySequencer,
+    name: str,
+    serial: int,
+    holder: str | None,
+    token: int,
+    new_serial: int,
+    duration_ms: int,
+) -> bool:
+    return state.swap_lease(name, serial, LeaseRecord(holder, token, new_serial, duration_ms))
+
+
 def _replace(state: MemorySequencer, stream: str, ids: list[int], news: list[list[Any]]) -> bool:
     return state.replace_batches(stream, ids, [BatchLocation(0, *row) for row in news])
 
@@ -943,6 +981,7 @@ _OPS: dict[str, Callable[..., Any]] = {  # what each operation of objectstore_fo
     "replace_batches": _replace,
     "forget_objects": MemorySequencer.forget_objects,
     "commit_offsets": MemorySequencer.commit_offsets,
+    "swap_lease": _swap_lease,
     "discard": _discard,
 }
 

@@ -387,6 +387,7 @@ OPERATIONS: Mapping[str, tuple[Check, ...]] = {
     "replace_batches": (_str, _list_of_type(int), _rows(str, int, int, int, int, int)),
     "forget_objects": (_list_of_type(str),),
     "commit_offsets": (_str, _str_to_int),
+    "swap_lease": (_str, _int, _opt_str, _int, _int, _int),
     "discard": (_str,),
 }
 """Every operation an entry may hold and the checks of its arguments, in order."""
@@ -398,6 +399,7 @@ _PRODUCERS = _rows(int, int, list)
 _RUNS = _rows(int, int, int)
 _OFFSETS = _rows(str, int)
 _RANGES = _rows(str, int, int)
+_LEASES = _rows(str, (str, type(None)), int, int, int)
 _STATE_FIELDS: dict[str, Check] = {
     "next_stream_id": _int,
     "producers": _rows(int, int),
@@ -426,6 +428,7 @@ def _check_state(state: Any) -> None:
         _TIME_INDEX(row[8])
         for producer in _PRODUCERS(row[9]):
             _RUNS(producer[2])
+    _LEASES(state.get("leases", []))  # absent in checkpoints before leases
     transactions = state.get("transactions", [])  # absent in checkpoints before them
     for txn in _rows(str, (float, int), list)(transactions):
         _RANGES(txn[2])

@@ -104,7 +104,8 @@ from ..errors import (
     SequencerError,
     StreamNotFound,
 )
-from ..names import validate_group_name, validate_stream_name
+from ..leases import LeaseRecord, check_lease_record
+from ..names import validate_group_name, validate_lease_name, validate_stream_name
 from .base import (
     NO_PRODUCER,
     BatchLocation,
@@ -148,6 +149,7 @@ from .rows import (
     StreamRow,
     Tiling,
     check_garbage,
+    check_leases,
     check_stream_count,
     damaged_row,
     greatest,
@@ -451,6 +453,31 @@ class _Queries:
         " FROM (SELECT count(*) AS batches FROM {s}.batches) AS n"
         ' LEFT JOIN {s}.objects AS o ON true ORDER BY o.key COLLATE "C"'
     )
+    # Leases: the row locked while a swap compares its serial; a first swap locks
+    # lease_count and inserts it (of two at once, the one whose insert conflicts finds
+    # it taken). lease_count and the rows' count come in one snapshot.
+    lease_count: str = (  # with no lease, one row of NULL lease columns
+        "SELECT c.leases, c.crc, l.name, l.holder, l.token, l.serial, l.duration_ms, l.crc"
+        " FROM (SELECT 1) AS q LEFT JOIN {s}.lease_count AS c ON c.id = 0"
+        " LEFT JOIN {s}.leases AS l ON true"
+    )
+    lock_lease_count: str = "SELECT leases, crc FROM {s}.lease_count WHERE id = 0 FOR UPDATE"
+    all_leases: str = "SELECT name, holder, token, serial, duration_ms, crc FROM {s}.leases"
+    put_lease_count: str = "UPDATE {s}.lease_count SET leases = %s, crc = %s WHERE id = 0"
+    lease_row: str = (
+        "SELECT holder, token, serial, duration_ms, crc FROM {s}.leases WHERE name = %s"
+    )
+    lock_lease: str = (
+        "SELECT holder, token, serial, duration_ms, crc FROM {s}.leases WHERE name = %s FOR UPDATE"
+    )
+    insert_lease: str = (
+        "INSERT INTO {s}.leases (name, holder, token, serial, duration_ms, crc)"
+        " VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT (name) DO NOTHING RETURNING 1"
+    )
+    put_lease: str = (
+        "UPDATE {s}.leases SET holder = %s, token = %s, serial = %s, duration_ms = %s, crc = %s"
+        " WHERE name = %s"
+    )
     # Consumer groups: a group's row in groups counts its offset rows; it is locked
     # before any of them changes.
     claim_group: str = (
@@ -477,6 +504,7 @@ class _Queries:
     delete_offsets_of_stream: str = (
         "DELETE FROM {s}.group_offsets WHERE stream = %s RETURNING group_name"
     )
+    list_groups: str = "SELECT group_name, streams, crc FROM {s}.groups ORDER BY group_name"
     committed_offsets: str = (
         "SELECT g.streams, g.crc, o.stream, o.next_offset, o.crc"
         " FROM (SELECT %s::text AS name) AS q"
@@ -704,6 +732,8 @@ class PostgresSequencer(Sequencer):
         self.timeout = options.timeout
         self._options = options
         self._clock = clock
+        if clock is not time.time:  # an injected clock measures leases too
+            self.lease_clock = clock
         self._closed = False
         self._lock = threading.Lock()
         self._pid = os.getpid()
@@ -1681,6 +1711,55 @@ class PostgresSequencer(Sequencer):
             raise damaged_row(self._where, "groups", f"{group!r}")
         return int(row[0])
 
+    # ------------------------------------------------------------------ leases
+
+    def read_lease(self, name: str) -> LeaseRecord | None:
+        validate_lease_name(name)
+
+        def work(conn: Connection) -> LeaseRecord | None:
+            row = conn.execute(self._q.lease_row, (name,)).fetchone()
+            if row is not None:
+                return self._lease(name, row)
+            rows = conn.execute(self._q.lease_count).fetchall()
+            leases = [r[2:] for r in rows if r[2] is not None]
+            check_leases(self._where, rows[0][:2], leases)
+            return None
+
+        return self._call(work)
+
+    def swap_lease(self, name: str, serial: int, record: LeaseRecord) -> bool:
+        """One transaction: the row locked (``FOR UPDATE``) while its serial is compared,
+        so of two processes swapping from one serial one wins. A first record locks
+        ``lease_count`` and moves it."""
+        validate_lease_name(name)
+        r = check_lease_record(serial, record)
+        values = (r.holder, r.token, r.serial, r.duration_ms)
+        crc = row_crc((name, *values))
+
+        def work(conn: Connection) -> bool:
+            row = conn.execute(self._q.lock_lease, (name,)).fetchone()
+            if row is not None:
+                if self._lease(name, row).serial != serial:
+                    return False
+                conn.execute(self._q.put_lease, (*values, crc, name))
+                return True
+            if serial:
+                return False
+            counted = conn.execute(self._q.lock_lease_count).fetchone()
+            leases = conn.execute(self._q.all_leases).fetchall()
+            count = check_leases(self._where, counted, leases)
+            if conn.execute(self._q.insert_lease, (name, *values, crc)).fetchone() is None:
+                return False  # inserted by another process since this one looked
+            conn.execute(self._q.put_lease_count, (count + 1, row_crc((count + 1,))))
+            return True
+
+        return self._call(work, transaction=True)
+
+    def _lease(self, name: str, row: Sequence[Any]) -> LeaseRecord:
+        if row_crc((name, *row[:4])) != row[4]:
+            raise damaged_row(self._where, "leases", f"{name!r}")
+        return LeaseRecord(*row[:4])
+
     def committed_offsets(self, group: str) -> dict[str, int]:
         validate_group_name(group)
         if "\x00" in group:
@@ -1702,3 +1781,8 @@ class PostgresSequencer(Sequencer):
                 f"the group has {len(offsets)} offset rows but counts {count}",
             )
         return offsets
+
+    def list_groups(self) -> list[str]:
+        # A group's row in ``groups`` exists while it has offset rows (see _count_group).
+        rows = self._call(lambda conn: conn.execute(self._q.list_groups).fetchall())
+        return sorted(group for group, *row in rows if self._group_count(group, row) > 0)

@@ -7,7 +7,9 @@ failed migration leaves nothing. A schema written by a newer disklesslog is refu
 untouched, one holding tables that are not a sequencer's too. Step 3 adds the row
 checksums and the columns that prove a stream's batches complete
 (:mod:`~disklesslog.sequencers.rows`) and fills them for the rows already there; step 4
-the checksummed count of the streams (``stream_count``), from the rows already there.
+the checksummed count of the streams (``stream_count``), from the rows already there;
+step 5 the ``leases`` table (empty) and the checksummed count of its rows
+(``lease_count``, 0).
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ __all__ = ["CREATE_VERSION_TABLE", "MIGRATIONS", "SCHEMA_VERSION", "apply_migrat
 
 Connection = psycopg.Connection[Any]
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 """Version of the tables this code writes; a newer schema is refused, an older migrated."""
 
 
@@ -133,6 +135,24 @@ MIGRATIONS: dict[int, tuple[str, tuple[str, ...]]] = {
             " crc bigint)",
         ),
     ),
+    5: (
+        "leases: holder, fencing token and change counter per name",
+        (
+            # One row per name, kept after a release so its token is never reused.
+            "CREATE TABLE {s}.leases ("
+            ' name text COLLATE "C" PRIMARY KEY,'
+            " holder text,"  # NULL once released
+            " token bigint NOT NULL,"
+            " serial bigint NOT NULL,"
+            " duration_ms bigint NOT NULL,"
+            " crc bigint)",
+            # How many leases rows there are (rows.check_leases): one row, always there.
+            "CREATE TABLE {s}.lease_count ("
+            " id integer PRIMARY KEY CHECK (id = 0),"
+            " leases bigint NOT NULL,"
+            " crc bigint)",
+        ),
+    ),
 }
 
 CREATE_VERSION_TABLE = (
@@ -191,6 +211,8 @@ def apply_migrations(conn: Connection, schema: str, database: str) -> None:
             _checksum_existing_rows(conn, schema, database)
         if target == 4:
             _count_streams(conn, schema, database)
+        if target == 5:
+            run("INSERT INTO {s}.lease_count (id, leases, crc) VALUES (0, 0, %s)", (row_crc((0,)),))
         run(
             "INSERT INTO {s}.schema_version (version, description) VALUES (%s, %s)",
             (target, description),

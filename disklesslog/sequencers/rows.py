@@ -47,6 +47,7 @@ __all__ = [
     "StreamRow",
     "Tiling",
     "check_garbage",
+    "check_leases",
     "check_stream_count",
     "damaged_row",
     "greatest",
@@ -91,6 +92,8 @@ LAYOUTS: dict[str, tuple[str, ...]] = {
     "groups": ("group_name", "streams"),
     "stream_count": ("streams",),
     "transactions": ("id", "committed_at", "ranges"),
+    "leases": ("name", "holder", "token", "serial", "duration_ms"),
+    "lease_count": ("leases",),
 }
 """Per table, the values its ``crc`` covers, in order (``object_key`` is the key of the
 batch's object, found through ``object_id``). docs/sequencers.md specifies them."""
@@ -204,6 +207,35 @@ def check_stream_count(database: str, row: Sequence[Any] | None, found: int) -> 
             f"the table holds {found} stream rows but {count} streams were created and not "
             "deleted (table stream_count): a stream's row is missing, or one was added "
             "behind the sequencer's back",
+        )
+    return count
+
+
+def check_leases(database: str, row: Sequence[Any] | None, leases: Sequence[Sequence[Any]]) -> int:
+    """Check every ``leases`` row ``(name, holder, token, serial, duration_ms, crc)``
+    and that they are as many as the ``lease_count`` row ``row = (leases, crc)`` (read
+    in the same snapshot) records; returns the count. Called before a lease is said
+    never to have been taken, and before its first record is written: a row that is
+    lost, or whose name was damaged (so a lookup by name misses it), would restart the
+    lease's fencing tokens at 1 and so fence nothing. Leases are few: reading them all
+    on this rare path costs little. The count row is written with the schema and
+    never deleted."""
+    for name, *values, crc in leases:
+        if row_crc((name, *values)) != crc:
+            raise damaged_row(database, "leases", repr(name))
+    if row is None or row[0] is None:
+        raise damaged_row(database, "lease_count", "id 0", "it is missing")
+    if row_crc(row[:1]) != row[1]:
+        raise damaged_row(database, "lease_count", "id 0")
+    count = int(row[0])
+    if len(leases) != count:
+        raise damaged_row(
+            database,
+            "leases",
+            "(all)",
+            f"the table holds {len(leases)} lease rows but {count} leases were taken "
+            "(table lease_count): a lease's row is missing, or one was added behind the "
+            "sequencer's back",
         )
     return count
 

@@ -90,7 +90,8 @@ from ..errors import (
     SequencerError,
     StreamNotFound,
 )
-from ..names import validate_group_name, validate_stream_name
+from ..leases import LeaseRecord, check_lease_record
+from ..names import validate_group_name, validate_lease_name, validate_stream_name
 from .base import (
     NO_PRODUCER,
     BatchLocation,
@@ -134,6 +135,7 @@ from .rows import (
     StreamRow,
     Tiling,
     check_garbage,
+    check_leases,
     check_stream_count,
     damaged_row,
     greatest,
@@ -387,6 +389,8 @@ class SqliteSequencer(Sequencer):
         self.synchronous = synchronous
         self.timeout = float(timeout)
         self._clock = clock
+        if clock is not time.time:  # an injected clock measures leases too
+            self.lease_clock = clock
         self._existing = existing
         query = "" if synchronous == "normal" else f"?synchronous={synchronous}"
         if self.timeout != 30.0:
@@ -1506,6 +1510,63 @@ class SqliteSequencer(Sequencer):
                     f"the group has {len(offsets)} offset rows but counts {count}",
                 )
             return offsets
+
+    def list_groups(self) -> list[str]:
+        # A group's row in ``groups`` exists while it has offset rows (see _count_group).
+        with self._transaction(_SNAPSHOT) as db:
+            rows = db.execute("SELECT group_name, streams, crc FROM groups ORDER BY group_name")
+            return [group for group, *row in rows if self._group_count(group, row) > 0]
+
+    # ------------------------------------------------------------------ leases
+
+    def read_lease(self, name: str) -> LeaseRecord | None:
+        validate_lease_name(name)
+        with self._transaction(_SNAPSHOT) as db:
+            return self._lease(db, name)
+
+    def swap_lease(self, name: str, serial: int, record: LeaseRecord) -> bool:
+        """One ``BEGIN IMMEDIATE`` transaction: the serial compared and the row written
+        under the write lock, so of two processes swapping from one serial one wins. A
+        first record also moves ``lease_count``."""
+        validate_lease_name(name)
+        check_lease_record(serial, record)
+        with self._transaction(_WRITE) as db:
+            current = self._lease(db, name)
+            if (0 if current is None else current.serial) != serial:
+                return False
+            if current is None:
+                count = self._lease_count(db)
+                db.execute(
+                    "UPDATE lease_count SET leases = ?, crc = ? WHERE id = 0",
+                    (count + 1, row_crc((count + 1,))),
+                )
+            values = (name, record.holder, record.token, record.serial, record.duration_ms)
+            db.execute(
+                "INSERT OR REPLACE INTO leases (name, holder, token, serial, duration_ms, crc)"
+                " VALUES (?, ?, ?, ?, ?, ?)",
+                (*values, row_crc(values)),
+            )
+            return True
+
+    def _lease(self, db: sqlite3.Connection, name: str) -> LeaseRecord | None:
+        """The verified record, or None once the rows are proven complete."""
+        row = db.execute(
+            "SELECT holder, token, serial, duration_ms, crc FROM leases WHERE name = ?", (name,)
+        ).fetchone()
+        if row is None:
+            self._lease_count(db)
+            return None
+        if row_crc((name, *row[:4])) != row[4]:
+            raise damaged_row(self.path, "leases", f"{name!r}")
+        return LeaseRecord(*row[:4])
+
+    def _lease_count(self, db: sqlite3.Connection) -> int:
+        """:func:`check_leases` (every row verified and counted)."""
+        row = db.execute("SELECT leases, crc FROM lease_count WHERE id = 0").fetchone()
+        rows = db.execute(
+            "SELECT name, holder, token, serial, duration_ms, crc FROM leases"
+        ).fetchall()
+        return check_leases(self.path, row, rows)
 
 
 # ----------------------------------------------------------------------- helpers

@@ -5,7 +5,9 @@ A file records its version in ``meta``; a newer one is refused untouched, an old
 migrated step by step, the steps kept exactly as they were released. Step 3 adds the
 row checksums and the columns that prove a stream's batches complete
 (:mod:`~disklesslog.sequencers.rows`) and fills them for the rows already there; step 4
-the checksummed count of the streams (``stream_count``), from the rows already there.
+the checksummed count of the streams (``stream_count``), from the rows already there;
+step 5 the ``leases`` table (empty) and the checksummed count of its rows
+(``lease_count``, 0).
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from .rows import (
 
 __all__ = ["MIGRATIONS", "SCHEMA_VERSION", "migrate", "schema_version", "stored_version"]
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 """Version of the tables this code writes; a newer file is refused, an older migrated."""
 
 MIGRATIONS: dict[int, tuple[str, ...]] = {
@@ -113,6 +115,23 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
         " streams INTEGER NOT NULL,"
         " crc INTEGER)",
     ),
+    5: (
+        # Leases (disklesslog.leases): one row per name, kept after a release so that
+        # its token is never given out again. WITHOUT ROWID: the rows live in the
+        # primary key's own tree, so no second index can lose one.
+        "CREATE TABLE leases ("
+        " name TEXT PRIMARY KEY,"
+        " holder TEXT,"  # NULL once released
+        " token INTEGER NOT NULL,"
+        " serial INTEGER NOT NULL,"
+        " duration_ms INTEGER NOT NULL,"
+        " crc INTEGER) WITHOUT ROWID",
+        # How many leases rows there are (rows.check_leases): one row, always there.
+        "CREATE TABLE lease_count ("
+        " id INTEGER PRIMARY KEY CHECK (id = 0),"
+        " leases INTEGER NOT NULL,"
+        " crc INTEGER)",
+    ),
 }
 
 
@@ -158,6 +177,10 @@ def migrate(db: sqlite3.Connection, path: str, version: int) -> None:
             _checksum_existing_rows(db, path)
         if target == 4:
             _count_streams(db, path)
+        if target == 5:
+            db.execute(
+                "INSERT INTO lease_count (id, leases, crc) VALUES (0, 0, ?)", (row_crc((0,)),)
+            )
     if version < SCHEMA_VERSION:
         db.execute(
             "INSERT OR REPLACE INTO meta (key, value) VALUES ('schema_version', ?)",

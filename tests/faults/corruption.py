@@ -65,6 +65,8 @@ CATALOGUE: list[tuple[str, str]] = [
     (r"^local/groups/[^/]+\.json$", "group-offsets"),
     (r"^local/groups/\.lock$", "lock-file"),
     (r"^local/groups/[^/]+\.lock$", "lock-file"),
+    (r"^local/leases/[^/]+\.json$", "lease"),
+    (r"^local/leases/[^/]+\.lock$", "lock-file"),
     (r"^local/transactions/\.lock$", "lock-file"),
     (r"^local/transactions/[0-9a-f]{64}\.json$", "transaction-record"),
     (r"^local/transactions/pending/[0-9a-f]{64}\.parts$", "transaction-parts"),
@@ -109,6 +111,7 @@ REQUIRED = {
     "sqlite-database",
     "cache-block",
     "group-offsets",
+    "lease",
     "transaction-record",
     "stream-config",
     "tier-segment",
@@ -145,6 +148,7 @@ def _is_active(relative: str) -> bool:
 
 STREAMS = ("a", "b", "c")
 GROUP = "g"
+LEASE = "maintenance"
 T0 = 1_700_000_000_000
 """Records are stamped ``T0 + 10 * n``: offset_for_time has known answers."""
 
@@ -168,6 +172,15 @@ class Subject:
 
     def open(self) -> AbstractLog:
         return self.opener(self.root)
+
+
+def _take_lease(log: AbstractLog) -> None:
+    """Lease LEASE at token 2, held for an hour (longer than any run): taken, released,
+    taken by another holder."""
+    first = log.acquire_lease(LEASE, "builder-1", 3_600_000)
+    assert first is not None
+    log.release_lease(first)
+    assert log.acquire_lease(LEASE, "builder-2", 3_600_000) is not None
 
 
 def _fill(log: AbstractLog, rounds: int, per_round: int, *, serial: list[int]) -> None:
@@ -214,6 +227,7 @@ def build_local(root: Path) -> Subject:
     log.compact(force=True)
     log.tier("b")
     log.commit_offsets(GROUP, {"a": 9, "b": 3, "c": 0})
+    _take_lease(log)
     stager = log.stager()
     stager.append_batch("a", [b"txn-1", b"txn-2"], timestamps=T0 + 5)
     stager.append_batch("b", [b"txn-3"], timestamps=T0 + 6)
@@ -275,6 +289,7 @@ def build_objects(
     log.compact(force=True)
     log.stream("a").trim(4)
     log.commit_offsets(GROUP, {"a": 9, "b": 3, "c": 0})
+    _take_lease(log)
     stager = log.stager()
     stager.append_batch("a", [b"txn-1", b"txn-2"], timestamps=T0 + 5)
     stager.append_batch("b", [b"txn-3"], timestamps=T0 + 6)
@@ -342,6 +357,7 @@ def observations(subject: Subject, log: AbstractLog) -> Iterator[tuple[str, Call
         )
     for group in subject.groups:
         yield f"committed:{group}", lambda g=group: log.committed_offsets(g)
+    yield "lease", lambda: _holder(log)
     for name in subject.streams:
         stream = log.stream(name)
 
@@ -350,6 +366,12 @@ def observations(subject: Subject, log: AbstractLog) -> Iterator[tuple[str, Call
             return offset, [(r.offset, r.value) for r in s.read(offset)]
 
         yield f"append:{name}", append_and_read
+
+
+def _holder(log: AbstractLog) -> tuple[str, int] | None:
+    """Who holds LEASE (its expiry is this process's clock: not compared)."""
+    lease = log.lease_holder(LEASE)
+    return None if lease is None else (lease.holder, lease.token)
 
 
 def _info(stream: Any) -> tuple[int, int, Any]:

@@ -46,6 +46,8 @@ TABLES: dict[str, str] = {
     "groups": "committed_offsets: how many offset rows a group has",
     "stream_count": "every call that finds no stream, and create_stream: how many there are",
     "transactions": "commit_transaction: a committed id and its ranges",
+    "leases": "lease calls: a lease's holder, fencing token and serial",
+    "lease_count": "a lease call that finds no row: how many leases were taken",
     "schema_version": "opening: which migrations the schema has had",
 }
 """Every table of the sequencer's schema, and what trusts it."""

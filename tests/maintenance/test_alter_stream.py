@@ -3,9 +3,13 @@ process that opens the log; settings that shape stored bytes stay fixed."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
-from disklesslog import ConfigError, InvalidStreamName, StreamNotFound
+from disklesslog import ConfigError, InvalidStreamName, StreamConfig, StreamNotFound
+from disklesslog.api import AbstractLog
+from disklesslog.config import ALTERABLE
 
 
 def test_altered_retention_applies_everywhere(maintenance_factory) -> None:  # type: ignore[no-untyped-def]
@@ -45,3 +49,11 @@ def test_only_maintenance_settings_may_change(maintenance_factory) -> None:  # t
     with pytest.raises(InvalidStreamName):
         log.alter_stream("../x", retention_ms=1)
     assert log.stream("s").config.retention_ms == -1  # nothing changed
+
+
+def test_alter_streams_docstring_names_exactly_the_alterable_settings() -> None:
+    """``help(log.alter_stream)`` lists what may change; the list is ``config.ALTERABLE``,
+    so the two cannot drift apart."""
+    doc = AbstractLog.alter_stream.__doc__ or ""
+    named = set(re.findall(r"``(\w+)``", doc))
+    assert named & set(StreamConfig.__dataclass_fields__) == ALTERABLE

@@ -272,8 +272,11 @@ def test_retention_removes_tiered_copies_and_gc_deletes_them_after_the_grace(
     assert 0 < start < local, "retention should have dropped tiered segments only"
     assert report.records_removed == start and report.segments_deleted == 0
     assert _rows(stream) == ref[start:]
-    with pytest.raises(OffsetOutOfRange):
+    with pytest.raises(OffsetOutOfRange) as caught:
         list(stream.read(start - 1))
+    assert str(caught.value).startswith(
+        f"offset {start - 1} is outside the range of stream 's', [{start}, 240]"
+    )
     doomed = {item.key for item in _manifest(tmp_path / "log").garbage}
     assert doomed and doomed <= before and not doomed & _referenced_live(tmp_path / "log")
     kept = log.collect_garbage(grace_seconds=300)

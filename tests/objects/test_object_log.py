@@ -259,7 +259,9 @@ def test_other_kinds_of_log_are_refused(tmp_path) -> None:  # type: ignore[no-un
         pass
     with pytest.raises(disklesslog.InvalidURL):
         disklesslog.open(tmp_path / "objects")
-    with pytest.raises(disklesslog.InvalidURL, match="create=False"):
+    with pytest.raises(
+        disklesslog.InvalidURL, match=r"is not a log: it has no .*this does not create a log"
+    ):
         disklesslog.open(_url(), sequencer=MemorySequencer(), create=False)
 
 

@@ -168,6 +168,19 @@ def test_an_accepted_loss_leaves_a_gap_that_is_never_reused(tmp_path: Path) -> N
         assert stream.info().end_offset == 18
 
 
+def test_accepting_a_loss_logs_the_loss_and_no_stale_copy_warning(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Accepting a loss moves the state on, so its copy is behind by construction: the
+    # repair rewrites it, with no warning that the copy was damaged.
+    _acknowledged(tmp_path)
+    with caplog.at_level(logging.WARNING, logger="disklesslog"), disklesslog.open(tmp_path) as log:
+        log.repair("s", accept_data_loss=True)
+    messages = [r.getMessage() for r in caplog.records]
+    assert len(messages) == 1, messages
+    assert "offsets 12 to 15 were lost" in messages[0]
+
+
 def test_an_accepted_loss_of_the_whole_active_segment(tmp_path: Path) -> None:
     """The active segment lost everything: it becomes the gap itself."""
     with disklesslog.open(tmp_path, fsync="always") as log:

@@ -143,3 +143,14 @@ def test_corrupt_group_file_is_reported(tmp_path: Path, damage: bytes) -> None:
             log.consumer("g", ["s"])
         assert path.read_bytes() == damage
         assert log.committed_offsets("other") == {}  # other groups are unaffected
+
+
+def test_a_group_file_of_another_group_is_reported_in_plain_words(tmp_path: Path) -> None:
+    with disklesslog.open(tmp_path, fsync="never") as log:
+        log.stream("s").append(b"x")
+        path = tmp_path / "groups" / "g.json"
+        path.parent.mkdir(exist_ok=True)
+        path.write_text(json.dumps({"version": 1, "group": "other", "offsets": {"s": 1}}))
+        with pytest.raises(CorruptDataError) as info:
+            log.committed_offsets("g")
+        assert "does not hold the offsets of group 'g'" in str(info.value)

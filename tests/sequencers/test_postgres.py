@@ -363,7 +363,7 @@ def test_an_old_schema_is_migrated_with_checksums(schema_url: str, version: int)
         assert [b.base_offset for b in seq.find_batches("a", 10, BIG).batches] == [12]
         expected = {"a": (3, 6)} if version >= 2 else {}
         assert seq.commit_transaction("t1", []).ranges == expected
-    assert [v for v, _ in _versions(schema_url)] == [1, 2, 3, 4]
+    assert [v for v, _ in _versions(schema_url)] == [1, 2, 3, 4, 5]
     schema = _schema_of(schema_url)
     counted = _sql(schema_url, "SELECT * FROM {s}.stream_count", schema=schema)
     assert counted == [(0, 2, row_crc((2,)))]
@@ -413,14 +413,17 @@ def test_an_old_schema_that_is_damaged_is_not_migrated(
 
 def _version_3_schema(url: str) -> None:
     """A schema as the release of version 3 left it (version 4 only adds
-    ``stream_count``): streams ``a`` (one batch) and ``b``."""
+    ``stream_count``, version 5 ``leases`` and ``lease_count``): streams ``a`` (one
+    batch) and ``b``."""
     with PostgresSequencer(url) as seq:
         seq.create_stream("a", {})
         seq.create_stream("b", {})
         seq.commit("o1", [BatchToCommit("a", 0, 10, 2, 2, 5)])
     schema = _schema_of(url)
     _sql(url, "DROP TABLE {s}.stream_count", schema=schema)
-    _sql(url, "DELETE FROM {s}.schema_version WHERE version = 4", schema=schema)
+    _sql(url, "DROP TABLE {s}.leases", schema=schema)
+    _sql(url, "DROP TABLE {s}.lease_count", schema=schema)
+    _sql(url, "DELETE FROM {s}.schema_version WHERE version >= 4", schema=schema)
 
 
 def test_a_version_3_schema_gets_its_streams_counted(schema_url: str) -> None:
@@ -432,8 +435,9 @@ def test_a_version_3_schema_gets_its_streams_counted(schema_url: str) -> None:
         seq.create_stream("c", {})
         seq.delete_stream("b")
         assert seq.commit("o2", [BatchToCommit("a", 0, 10, 1, 1, 6)]) == [CommitResult(2)]
+        assert seq.acquire_lease("m", "w", 1_000) is not None  # version 5 made its table
     schema = _schema_of(schema_url)
-    assert [v for v, _ in _versions(schema_url)] == [1, 2, 3, 4]
+    assert [v for v, _ in _versions(schema_url)] == [1, 2, 3, 4, 5]
     counted = _sql(schema_url, "SELECT * FROM {s}.stream_count", schema=schema)
     assert counted == [(0, 2, row_crc((2,)))]
 

@@ -88,6 +88,10 @@ def populate(seq: Sequencer) -> None:
     seq.commit_offsets("g2", {"c": 30})
     seq.commit_transaction("txn-1", [("objects/staged-1", [BatchToCommit("b", 0, 30, 4, 4, 5000)])])
     seq.record_orphan("objects/orphan-1")
+    assert seq.acquire_lease("held", "worker-1", 60_000) is not None
+    released = seq.acquire_lease("released", "worker-2", 60_000)
+    assert released is not None
+    seq.release_lease(released)
 
 
 def snapshot(seq: Sequencer, *, ids: bool = True) -> dict[str, Any]:
@@ -110,6 +114,7 @@ def snapshot(seq: Sequencer, *, ids: bool = True) -> dict[str, Any]:
     out["groups"] = {group: seq.committed_offsets(group) for group in GROUPS}
     out["garbage"] = seq.objects_to_delete(0)
     out["objects"] = seq.list_objects()
+    out["leases"] = [seq.read_lease(name) for name in ("held", "released")]
     return out
 
 
@@ -562,6 +567,12 @@ DAMAGES: dict[str, tuple[str, tuple[Any, ...], str, Callable[[Sequencer], Any]]]
         (),
         "group_offsets",
         lambda seq: seq.committed_offsets("g1"),
+    ),
+    "a consumer group's count, seen by a listing": (
+        "UPDATE {t}groups SET streams = streams + 1",
+        (),
+        "groups",
+        lambda seq: seq.list_groups(),
     ),
     "the number of streams": (
         "UPDATE {t}stream_count SET streams = streams + 1",

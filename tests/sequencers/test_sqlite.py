@@ -208,7 +208,7 @@ def test_an_old_database_is_migrated_with_checksums(tmp_path: Path, version: int
         else:
             assert seq.commit_transaction("t1", []).ranges == {}
     with contextlib.closing(sqlite3.connect(path)) as db:
-        assert db.execute("SELECT value FROM meta").fetchall() == [("4",)]
+        assert db.execute("SELECT value FROM meta").fetchall() == [("5",)]
         assert db.execute("SELECT * FROM stream_count").fetchall() == [(0, 2, row_crc((2,)))]
         for table in ("streams", "producers", "producer_streams", "objects", "batches"):
             assert db.execute(f"SELECT count(*) FROM {table} WHERE crc IS NULL").fetchone() == (0,)
@@ -252,13 +252,16 @@ def test_an_old_database_that_is_damaged_is_not_migrated(
 
 def _version_3_database(path: Path) -> None:
     """A database as the release of schema version 3 left it (version 4 only adds
-    ``stream_count``): streams ``a`` (one batch) and ``b``."""
+    ``stream_count``, version 5 ``leases`` and ``lease_count``): streams ``a`` (one
+    batch) and ``b``."""
     with SqliteSequencer(path) as seq:
         seq.create_stream("a", {})
         seq.create_stream("b", {})
         seq.commit("o1", [BatchToCommit("a", 0, 10, 2, 2, 5)])
     with contextlib.closing(sqlite3.connect(path)) as db, db:
         db.execute("DROP TABLE stream_count")
+        db.execute("DROP TABLE leases")
+        db.execute("DROP TABLE lease_count")
         db.execute("UPDATE meta SET value = '3' WHERE key = 'schema_version'")
 
 
@@ -272,8 +275,9 @@ def test_a_version_3_database_gets_its_streams_counted(tmp_path: Path) -> None:
         seq.create_stream("c", {})
         seq.delete_stream("b")
         assert seq.commit("o2", [BatchToCommit("a", 0, 10, 1, 1, 6)]) == [CommitResult(2)]
+        assert seq.acquire_lease("m", "w", 1_000) is not None  # version 5 made its table
     with contextlib.closing(sqlite3.connect(path)) as db:
-        assert db.execute("SELECT value FROM meta").fetchall() == [("4",)]
+        assert db.execute("SELECT value FROM meta").fetchall() == [("5",)]
         assert db.execute("SELECT * FROM stream_count").fetchall() == [(0, 2, row_crc((2,)))]
 
 

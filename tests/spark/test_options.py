@@ -187,7 +187,7 @@ def test_log_options_open(tmp_path: Path) -> None:
     error for a log without a tier)."""
     from disklesslog import InvalidURL
 
-    with pytest.raises(InvalidURL, match="create=False"):
+    with pytest.raises(InvalidURL, match="this does not create a log"):
         LogOptions(str(tmp_path / "missing")).open()
     disklesslog.open(tmp_path / "local").close()
     with pytest.raises(ConfigError, match="this log has no tier"):

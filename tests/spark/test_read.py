@@ -187,7 +187,7 @@ def test_bad_options_fail_when_the_query_is_defined(spark: Any, spark_log: Spark
 
 def test_not_a_log_is_an_error(spark: Any, tmp_path: Path) -> None:
     """Reads never create a log: a mistyped URL fails instead of reading nothing."""
-    with pytest.raises(Exception, match="opened with create=False"):
+    with pytest.raises(Exception, match="this does not create a log"):
         spark.read.format("disklesslog").options(
             url=str(tmp_path / "nothing"), streams="a"
         ).load().count()

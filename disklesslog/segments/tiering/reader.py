@@ -111,7 +111,8 @@ class TieredReader:
         lo = v.start_offset if start is None else start
         if not v.start_offset <= lo <= v.end_offset:
             raise OffsetOutOfRange(
-                f"offset {lo} is outside {store.name!r}'s range [{v.start_offset}, {v.end_offset}]",
+                f"offset {lo} is outside the range of stream {store.name!r}, "
+                f"[{v.start_offset}, {v.end_offset}]",
                 start_offset=v.start_offset,
                 end_offset=v.end_offset,
             )

@@ -145,6 +145,18 @@ class ConsumerContract(LogFixtures):
         assert log.committed_offsets("g3") == {}
         assert log.streams() == ["s"]  # groups are not streams
 
+    def test_groups_lists_the_groups_with_positions(self, log: disklesslog.Log) -> None:
+        assert log.groups() == []
+        _fill(log, "a", 3)
+        _fill(log, "b", 3)
+        log.commit_offsets("reports", {"a": 1})
+        log.commit_offsets("billing", {"a": 2, "b": 3})
+        log.commit_offsets("empty", {})  # nothing stored: not a group
+        assert log.groups() == ["billing", "reports"]
+        log.delete_stream("a")  # reports' only stream: it has no position left
+        assert log.groups() == ["billing"]
+        assert log.committed_offsets("billing") == {"b": 3}
+
     def test_committed_offset_may_lie_past_the_end(self, log: disklesslog.Log) -> None:
         # Kafka's rule: the offset is stored as given; a consumer resets it when it reads.
         _fill(log, "s", 3)

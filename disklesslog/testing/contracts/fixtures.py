@@ -31,16 +31,23 @@ class LogFactory:
 
     def __init__(self, open_log: LogOpener, path: Path, request: pytest.FixtureRequest) -> None:
         self.open_log = open_log
+        """The suite's :meth:`LogFixtures.open_log`."""
         self.path = path
+        """The test's fresh directory: the one location every call opens."""
         self.request = request
+        """The test's pytest request, passed on to ``open_log``."""
         self.opened: list[AbstractLog] = []
+        """Every log opened so far, closed by :meth:`close_all`."""
 
     def __call__(self, **options: Any) -> AbstractLog:
+        """Open the test's log (again) with ``options``; the test may close it early."""
         log = self.open_log(self.path, dict(options), self.request)
         self.opened.append(log)
         return log
 
     def close_all(self) -> None:
+        """Close every log this factory opened (closing twice is harmless), so that a
+        failing test leaves no thread or file open for the next."""
         for log in self.opened:
             log.close()
 
@@ -70,6 +77,9 @@ class LogFixtures:
 
     @pytest.fixture
     def log_factory(self, request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[LogFactory]:
+        """A :class:`LogFactory` on the test's fresh directory: for tests that reopen
+        their log or open it with options. Closes every log it opened, then calls
+        :meth:`remove_log`."""
         factory = LogFactory(self.open_log, tmp_path, request)
         yield factory
         factory.close_all()
@@ -77,4 +87,5 @@ class LogFixtures:
 
     @pytest.fixture
     def log(self, log_factory: LogFactory) -> AbstractLog:
+        """The test's log, opened with default options."""
         return log_factory()

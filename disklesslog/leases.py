@@ -1,0 +1,305 @@
+"""Leases: a named, time-limited right to do something alone, with a fencing token.
+
+A lease is what automatic maintenance and consumer groups elect a single worker with.
+Every backend keeps, per lease name, one :class:`LeaseRecord` (holder, fencing token,
+change counter, duration) and offers two primitives (:class:`LeaseStore`): read it, and
+replace it only if its change counter is still the one read (compare-and-swap).
+:class:`LeaseKeeper` builds ``acquire``/``renew``/``release``/``holder`` on them, the
+same way for every backend, so the rules below hold everywhere.
+
+Clocks are never compared across processes (decision record 0010). Durations are
+measured by each process's own monotonic clock:
+
+* the **holder** counts its lease valid until ``duration_ms`` minus a safety margin
+  (:data:`SAFETY_MARGIN`) after it *sent* the acquire or renew
+  (:attr:`Lease.expires_at_ms`);
+* a **contender** may take the lease over only after it has seen the same record
+  (holder, token, change counter) unchanged for the lease's full ``duration_ms`` by its
+  own clock, counted from when it first *received* that record. A renew changes the
+  counter, so the contender starts counting again.
+
+Since the contender receives the record after the holder sent the request that wrote
+it, the contender's wait ends after the holder's validity, provided the two clocks run
+at rates within the safety margin of each other. A process that has just started must
+therefore watch a held lease for a full duration before it can take it over, even if
+the holder died long ago: the price of needing no synchronised clocks. A holder paused
+past its validity (a GC pause, a stopped VM) can still act late: the **fencing token**,
+greater on every change of holder, lets the resource it guards refuse the old holder.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+from .errors import ConfigError, LeaseLost
+from .names import validate_lease_name
+
+__all__ = [
+    "MAX_DURATION_MS",
+    "MAX_HOLDER_LENGTH",
+    "SAFETY_MARGIN",
+    "Lease",
+    "LeaseKeeper",
+    "LeaseRecord",
+    "LeaseStore",
+    "check_duration",
+    "check_holder",
+    "check_lease",
+    "check_lease_record",
+]
+
+SAFETY_MARGIN = 0.1
+"""Fraction of a lease's duration its holder gives up at the end: it counts the lease
+valid for ``duration_ms * (1 - SAFETY_MARGIN)``. Covers clocks whose rates differ by up
+to 10% (real ones differ by parts per million) and the time between checking validity
+and acting on it, for leases of seconds or more."""
+
+MAX_DURATION_MS = 7 * 24 * 3600 * 1000
+"""Longest lease duration accepted (a week): longer ones would only make a dead
+holder's lease unavailable for longer."""
+
+MAX_HOLDER_LENGTH = 255
+"""Longest holder name, in characters."""
+
+
+@dataclass(frozen=True)
+class Lease:
+    """A lease as one process knows it.
+
+    ``token`` is the fencing token: it grows on every change of holder and is never
+    given out twice for one name, even after a release. ``expires_at_ms`` is a time on
+    this process's monotonic clock (milliseconds, as :func:`time.monotonic` times 1000):
+    for a lease this process acquired or renewed, when it must stop counting on it (the
+    safety margin already taken off); for a lease :meth:`LeaseKeeper.holder` reports of
+    another holder, the earliest time this process could take it over if it is not
+    renewed. Compare it with this process's clock only, never another's.
+    """
+
+    name: str
+    holder: str
+    token: int
+    duration_ms: int
+    expires_at_ms: float
+
+
+@dataclass(frozen=True)
+class LeaseRecord:
+    """What a backend stores for one lease name.
+
+    ``holder`` is ``None`` once released (the record stays, so the token is never
+    reused). ``serial`` counts the changes of the record (acquire, renew, release; 1
+    for the first): a compare-and-swap names the serial it read. ``duration_ms`` is the
+    duration its holder asked for: a contender waits that long.
+    """
+
+    holder: str | None
+    token: int
+    serial: int
+    duration_ms: int
+
+
+class LeaseStore(Protocol):
+    """The two primitives a backend provides; each is atomic."""
+
+    def read_lease(self, name: str) -> LeaseRecord | None:
+        """The stored record of ``name``, or ``None`` if it was never acquired. A damaged
+        record raises :class:`~disklesslog.CorruptDataError`."""
+        ...
+
+    def swap_lease(self, name: str, serial: int, record: LeaseRecord) -> bool:
+        """Store ``record`` for ``name`` if its stored serial is still ``serial`` (0: no
+        record yet), atomically; False (nothing changed) if another change came first."""
+        ...
+
+
+def check_holder(holder: object) -> str:
+    """Return ``holder`` if it is a valid holder name, else raise :class:`ConfigError`.
+    Printable only: no NUL (which PostgreSQL text refuses) nor line breaks in logs."""
+    if (
+        not isinstance(holder, str)
+        or not 0 < len(holder) <= MAX_HOLDER_LENGTH
+        or not holder.isprintable()
+    ):
+        raise ConfigError(
+            f"a lease holder must be a str of 1-{MAX_HOLDER_LENGTH} printable characters, "
+            f"not {holder!r}"
+        )
+    try:
+        holder.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ConfigError(f"a lease holder must be valid Unicode text, not {holder!r}") from None
+    return holder
+
+
+def check_duration(duration_ms: object) -> int:
+    """Return ``duration_ms`` if it is a valid lease duration, else raise ConfigError."""
+    if type(duration_ms) is not int or not 0 < duration_ms <= MAX_DURATION_MS:
+        raise ConfigError(
+            f"a lease duration must be an int of milliseconds from 1 to {MAX_DURATION_MS}, "
+            f"not {duration_ms!r}"
+        )
+    return duration_ms
+
+
+def check_lease(lease: object) -> Lease:
+    """Return ``lease`` if it is a :class:`Lease` with valid fields, else ConfigError."""
+    if not isinstance(lease, Lease):
+        raise ConfigError(f"expected a Lease (from acquire), not {type(lease).__name__}")
+    validate_lease_name(lease.name)
+    check_holder(lease.holder)
+    check_duration(lease.duration_ms)
+    if type(lease.token) is not int or lease.token < 1:
+        raise ConfigError(f"a lease token is an int >= 1, not {lease.token!r}")
+    return lease
+
+
+def check_lease_record(serial: object, record: object) -> LeaseRecord:
+    """Refuse (ConfigError) a compare-and-swap whose values no keeper would write: a
+    backend checks them before anything is stored."""
+    if type(serial) is not int or serial < 0 or not isinstance(record, LeaseRecord):
+        raise ConfigError(f"a lease swap takes a serial >= 0 and a LeaseRecord, not {serial!r}")
+    if record.holder is not None:
+        check_holder(record.holder)
+    check_duration(record.duration_ms)
+    for value in (record.token, record.serial):
+        if type(value) is not int or not 0 < value < 1 << 63:
+            raise ConfigError(f"lease tokens and serials are ints from 1 to 2^63-1: {record}")
+    if record.serial != serial + 1:
+        raise ConfigError(f"a lease swap from serial {serial} writes serial {serial + 1}: {record}")
+    return record
+
+
+class LeaseKeeper:
+    """``acquire``/``renew``/``release``/``holder`` over a :class:`LeaseStore`, with
+    this process's observations of other holders' records. Thread-safe.
+
+    ``clock`` is monotonic seconds (tests inject a fake one). One keeper per open
+    sequencer or log: its observations are what lets it take over an expired lease.
+    """
+
+    def __init__(self, store: LeaseStore, clock: Callable[[], float] = time.monotonic) -> None:
+        self._store = store
+        self._clock = clock
+        self._lock = threading.Lock()
+        # name -> (holder, token, serial) of the record last seen, and when first seen
+        self._seen: dict[str, tuple[tuple[str | None, int, int], float]] = {}
+
+    def acquire(self, name: str, holder: str, duration_ms: int) -> Lease | None:
+        """Take lease ``name`` for ``holder`` for ``duration_ms`` if it is free (never
+        taken, released, or seen unchanged for its full duration) or already
+        ``holder``'s (then this renews it, same token); ``None`` if another holder has
+        it. A new holder's token is the previous one + 1 (1 for the first)."""
+        validate_lease_name(name)
+        check_holder(holder)
+        check_duration(duration_ms)
+        while True:
+            sent = self._clock()
+            current = self._read(name)
+            if current is None:
+                new = LeaseRecord(holder, 1, 1, duration_ms)
+            elif current.holder == holder:
+                new = LeaseRecord(holder, current.token, current.serial + 1, duration_ms)
+            elif current.holder is None or self._expired(name, current):
+                new = LeaseRecord(holder, current.token + 1, current.serial + 1, duration_ms)
+            else:
+                return None
+            if self._swap(name, 0 if current is None else current.serial, new):
+                return _held(name, new, sent)
+
+    def renew(self, lease: Lease) -> Lease:
+        """Extend ``lease`` by its duration from now. Raises :class:`LeaseLost` if the
+        lease has another holder or token (it expired and was taken over) or was
+        released. A lease that expired but nobody took over is renewed."""
+        check_lease(lease)
+        while True:
+            sent = self._clock()
+            current = self._read(lease.name)
+            if current is None or (current.holder, current.token) != (lease.holder, lease.token):
+                raise LeaseLost(_lost(lease, current))
+            new = LeaseRecord(lease.holder, lease.token, current.serial + 1, lease.duration_ms)
+            if self._swap(lease.name, current.serial, new):
+                return _held(lease.name, new, sent)
+
+    def release(self, lease: Lease) -> None:
+        """Give ``lease`` up, so another holder can take it at once (with a greater
+        token). Idempotent: releasing a lease that was released or taken over changes
+        nothing."""
+        check_lease(lease)
+        while True:
+            current = self._read(lease.name)
+            if current is None or (current.holder, current.token) != (lease.holder, lease.token):
+                return
+            new = LeaseRecord(None, current.token, current.serial + 1, current.duration_ms)
+            if self._swap(lease.name, current.serial, new):
+                return
+
+    def holder(self, name: str) -> Lease | None:
+        """Who holds lease ``name`` as far as this process can tell: ``None`` if it is
+        free, released, or seen unchanged for its full duration (expired). A holder's
+        ``expires_at_ms`` is when this process could take it over, by its own clock."""
+        validate_lease_name(name)
+        current = self._read(name)
+        if current is None or current.holder is None or self._expired(name, current):
+            return None
+        with self._lock:
+            first_seen = self._seen[name][1]
+        return Lease(
+            name,
+            current.holder,
+            current.token,
+            current.duration_ms,
+            first_seen * 1000 + current.duration_ms,
+        )
+
+    def _read(self, name: str) -> LeaseRecord | None:
+        """The stored record, noting when this process first saw it."""
+        record = self._store.read_lease(name)
+        if record is not None:
+            self._note(name, record)
+        return record
+
+    def _swap(self, name: str, serial: int, record: LeaseRecord) -> bool:
+        if not self._store.swap_lease(name, serial, record):
+            return False
+        self._note(name, record)  # seen from now on (after it was written)
+        return True
+
+    def _note(self, name: str, record: LeaseRecord) -> None:
+        key = (record.holder, record.token, record.serial)
+        now = self._clock()
+        with self._lock:
+            seen = self._seen.get(name)
+            if seen is None or seen[0] != key:
+                self._seen[name] = (key, now)
+
+    def _expired(self, name: str, record: LeaseRecord) -> bool:
+        """Whether this process has seen ``record`` unchanged for its full duration."""
+        with self._lock:
+            key, since = self._seen[name]
+        same = key == (record.holder, record.token, record.serial)
+        return same and (self._clock() - since) * 1000 >= record.duration_ms
+
+
+def _held(name: str, record: LeaseRecord, sent: float) -> Lease:
+    """The lease the caller now holds, valid until the safety margin before its
+    duration from when the request was sent."""
+    assert record.holder is not None
+    valid_ms = record.duration_ms * (1 - SAFETY_MARGIN)
+    return Lease(name, record.holder, record.token, record.duration_ms, sent * 1000 + valid_ms)
+
+
+def _lost(lease: Lease, current: LeaseRecord | None) -> str:
+    if current is None or current.token < lease.token:
+        what = "the store holds no such lease (it never granted this token)"
+    elif current.holder is None:
+        what = f"it was released (its token is now {current.token})"
+    else:
+        what = f"{current.holder!r} holds it with token {current.token}"
+    return (
+        f"lease {lease.name!r} (token {lease.token}) is no longer held by {lease.holder!r}: "
+        f"{what}; stop the work it guards and acquire it again"
+    )
