@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/probes.py            all probes
     .venv/bin/python benchmarks/probes.py packb      one of: packb, append, writer, pagecache,
-                                                     reopen
+                                                     reopen, streams
 
 ``packb``   the cost of ``msgpack.packb`` on a 1,000 x 1 KiB batch body (what
             ``format.encode_batch`` does) against a pre-sized or reused ``msgpack.Packer``,
@@ -16,6 +16,8 @@
             to an open stream and to one parked before each append, and the append's five
             system calls on open files against the same with both files opened (and
             fstat'ed) before and closed after, as parking and reopening does.
+``streams`` 100,000 streams of a local log, each appended to twice and read back, in
+            this process under ``ulimit -n 1024`` (minutes: creating the directories).
 
 Each number is the best of 5 timed loops (``writer``: one loop per setting, 3 times).
 """
@@ -233,12 +235,36 @@ def reopen() -> None:
             log.close()
 
 
+def streams(count: int = 100_000) -> None:
+    limit = 1024
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (limit, hard))
+    with tempfile.TemporaryDirectory() as tmp:
+        began = time.monotonic()
+        most = 0
+        with disklesslog.open(tmp, fsync="never") as log:
+            for round_no in range(2):
+                for i in range(count):
+                    assert log.stream(f"s{i}").append(b"%d-%d" % (round_no, i)) == round_no
+                    if i % 1000 == 0:
+                        most = max(most, len(os.listdir("/proc/self/fd")))
+                print(f"  round {round_no + 1} of appends done at {time.monotonic() - began:.0f} s")
+            for i in range(count):
+                values = [r.value for r in log.stream(f"s{i}").read()]
+                assert values == [b"0-%d" % i, b"1-%d" % i], (i, values)
+        print(
+            f"  {count:,} streams written twice and read back under ulimit -n {limit} in "
+            f"{time.monotonic() - began:.0f} s; at most {most} descriptors open"
+        )
+
+
 PROBES = {
     "packb": packb,
     "append": append,
     "writer": writer,
     "pagecache": pagecache,
     "reopen": reopen,
+    "streams": streams,
 }
 
 

