@@ -77,7 +77,7 @@ def test_callbacks_wait_and_as_completed(disklesslog_log: disklesslog.Log) -> No
 def test_failures_reach_every_future_of_the_batch(
     disklesslog_log: disklesslog.Log, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from disklesslog.segments import store as store_module
+    from disklesslog.segments import stream_store as store_module
 
     def broken(self, batches):  # type: ignore[no-untyped-def]
         raise OSError("disk on fire")

@@ -9,7 +9,7 @@ from ..api import AbstractLog
 from ..errors import ConfigError, InvalidURL
 from ..urls import register_backend
 from .log import SegmentLog, SegmentStream
-from .store import FSYNC_POLICIES
+from .stream_store import FSYNC_POLICIES
 
 __all__ = ["FSYNC_POLICIES", "SegmentLog", "SegmentStream"]
 

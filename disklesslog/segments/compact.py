@@ -60,7 +60,7 @@ from .layout import (
     segment_name,
 )
 from .segment import DECODE, ENTRY_PREFIX, ENTRY_PREFIX_SIZE, Segment, SegmentReplaced, iter_entries
-from .store import StreamStore
+from .stream_store import StreamStore
 
 __all__ = ["compact_stream"]
 

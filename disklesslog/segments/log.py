@@ -84,7 +84,7 @@ from .layout import (
     write_json,
 )
 from .leases import lease_keeper
-from .store import FSYNC_POLICIES, Repair, StreamGone, StreamStore, flag_deleted
+from .stream_store import FSYNC_POLICIES, Repair, StreamGone, StreamStore, flag_deleted
 from .tiering import operations as tiering
 from .tiering.manifest import Manifest, ManifestCache
 from .tiering.reader import TieredReader, local_units, make_view

@@ -1,6 +1,6 @@
 """Reading a local stream: records (or offsets) by offset range, and the first offset at a time.
 
-Both work on a :class:`~disklesslog.segments.store.Snapshot`, so a read sees the
+Both work on a :class:`~disklesslog.segments.stream_store.Snapshot`, so a read sees the
 stream as it was when it started (records appended later wait for the next read) and
 never holds a lock while it decodes.
 
@@ -22,7 +22,7 @@ from ..projection import COLUMNS, Part, Projection
 from ..records import RecordBatch, limit_records
 from .layout import close_quietly
 from .segment import DECODE, Entry, Segment, SegmentReplaced, iter_entries
-from .store import Snapshot, StreamStore
+from .stream_store import Snapshot, StreamStore
 
 __all__ = ["offset_for_time", "read", "read_batches"]
 

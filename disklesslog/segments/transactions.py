@@ -95,7 +95,7 @@ from .layout import (
 if TYPE_CHECKING:
     from ..maintenance.report import MaintenanceReport
     from .log import SegmentLog
-    from .store import StreamStore
+    from .stream_store import StreamStore
 
 __all__ = [
     "PENDING",

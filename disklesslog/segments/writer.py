@@ -17,7 +17,7 @@ from ..errors import DisklessLogError, StreamNotFound
 from ..format import EncodedBatch
 from ..oserrors import as_storage_error, typed_os_errors
 from ..writer import Writer
-from .store import StreamStore
+from .stream_store import StreamStore
 
 if TYPE_CHECKING:
     from .log import SegmentLog

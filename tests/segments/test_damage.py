@@ -39,7 +39,7 @@ from disklesslog.segments.layout import (
     segment_name,
 )
 from disklesslog.segments.segment import CHECK, iter_entries
-from disklesslog.segments.store import StreamStore
+from disklesslog.segments.stream_store import StreamStore
 from disklesslog.segments.tiering.manifest import MANIFEST, Manifest
 
 

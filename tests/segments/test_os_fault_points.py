@@ -27,7 +27,7 @@ from disklesslog.segments import transactions
 from disklesslog.segments.index import OFFSET_ENTRY, SparseIndex
 from disklesslog.segments.layout import STATE, STATE_COPY, StreamState, segment_name
 from disklesslog.segments.segment import CHECK, iter_entries
-from disklesslog.segments.store import StreamStore
+from disklesslog.segments.stream_store import StreamStore
 
 
 @pytest.fixture(autouse=True)

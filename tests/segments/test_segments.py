@@ -14,7 +14,7 @@ import pytest
 
 import disklesslog
 from disklesslog import InvalidURL, Record, StorageError
-from disklesslog.segments import store as store_module
+from disklesslog.segments import stream_store as store_module
 from disklesslog.segments.layout import MARKER, STATE, StreamState, decode_json, segment_name
 
 

@@ -15,7 +15,7 @@ import pytest
 
 import disklesslog
 from disklesslog.segments import transactions
-from disklesslog.segments.store import StreamStore
+from disklesslog.segments.stream_store import StreamStore
 from disklesslog.transactions import StagedPart
 
 

@@ -49,7 +49,7 @@ from ...maintenance.retention import retention_point
 from ..index import OFFSET_ENTRY, TIME_ENTRY
 from ..layout import STREAMS, close_quietly
 from ..segment import CHECK, Segment
-from ..store import Snapshot, StreamStore
+from ..stream_store import Snapshot, StreamStore
 from . import manifest as manifests
 from .manifest import COPYING, TIERED, Manifest, TieredObject, TieredSegment
 from .reader import TieredReader, local_units, make_view

@@ -40,7 +40,7 @@ from ...retries import REFETCHES, damaged, log_cured
 from .. import reader
 from ..index import OFFSET_ENTRY, TIME_ENTRY, Entries
 from ..segment import DECODE, ENTRY_PREFIX_SIZE, Entry, SegmentReplaced, iter_entries
-from ..store import Snapshot, StreamStore
+from ..stream_store import Snapshot, StreamStore
 from .manifest import Manifest, ManifestCache, TieredObject, TieredSegment
 from .target import Tier
 
