@@ -93,7 +93,7 @@ def test_a_live_line_is_stored_without_waiting_for_the_next(
     assert wait_for(path, "s", 1, timeout=30) == [b"first"]  # includes the start-up
     process.stdin.write(b"second\n")
     process.stdin.flush()
-    assert wait_for(path, "s", 2, timeout=2) == [b"first", b"second"]
+    assert wait_for(path, "s", 2, timeout=5) == [b"first", b"second"]  # linger: 0.1 s
     process.stdin.write(b"no newline yet")  # not a line until input ends
     process.stdin.flush()
     time.sleep(0.3)
@@ -140,6 +140,19 @@ def _ctrl_c_during_appends(
     monkeypatch.setattr(stream_type, "append_batch", interrupted)
 
 
+@pytest.fixture
+def default_sigint() -> Iterator[None]:
+    """Python's own SIGINT handler for the test, whatever an earlier test of this process
+    left (SparkContext installs its own), and that one back afterwards: the tests check
+    that ``produce`` restores the handler it found."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+@pytest.mark.usefixtures("default_sigint")
 def test_ctrl_c_during_an_append_stops_after_it_and_counts_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -151,6 +164,7 @@ def test_ctrl_c_during_an_append_stops_after_it_and_counts_it(
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
 
 
+@pytest.mark.usefixtures("default_sigint")
 def test_a_second_ctrl_c_during_an_append_stops_at_once_and_says_so(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
