@@ -5,17 +5,15 @@ themselves run on every backend in the log contract (``LeaseContract``)."""
 from __future__ import annotations
 
 import json
-import multiprocessing
 from pathlib import Path
 from typing import Any
 
 import crc32c
 import pytest
+from lease_races import race
 
 import disklesslog
 from disklesslog import CorruptDataError
-
-SPAWN = multiprocessing.get_context("spawn")
 
 
 def _race_worker(directory: str, tag: int, barrier: Any, results: Any) -> None:
@@ -30,23 +28,10 @@ def _race_worker(directory: str, tag: int, barrier: Any, results: Any) -> None:
 @pytest.mark.parametrize("round_no", range(3))
 def test_one_of_four_processes_wins_the_lease(tmp_path: Path, round_no: int) -> None:
     disklesslog.open(tmp_path, fsync="never").close()
-    barrier = SPAWN.Barrier(4)
-    results = SPAWN.Queue()
-    workers = [
-        SPAWN.Process(target=_race_worker, args=(str(tmp_path), tag, barrier, results))
-        for tag in range(4)
-    ]
-    for worker in workers:
-        worker.start()
-    outcomes = dict(results.get(timeout=120) for _ in workers)
-    for worker in workers:
-        worker.join(timeout=120)
-    assert [w.exitcode for w in workers] == [0, 0, 0, 0]
-    winners = [tag for tag, token in outcomes.items() if token]
-    assert len(winners) == 1 and outcomes[winners[0]] == 1, outcomes
+    winner = race(_race_worker, str(tmp_path))
     with disklesslog.open(tmp_path) as log:
         held = log.lease_holder("leader")
-        assert held is not None and (held.holder, held.token) == (f"worker-{winners[0]}", 1)
+        assert held is not None and (held.holder, held.token) == (f"worker-{winner}", 1)
 
 
 def _spec_json(raw: bytes) -> Any:
