@@ -158,3 +158,32 @@ class LeaseContract:
             with pytest.raises(ConfigError):
                 lease_owner.prune_leases(age)
         assert lease_owner.lease_keeper().verify() == (1, [])  # nothing was removed
+
+    def test_tokens_stay_unique_while_threads_acquire_release_and_prune(
+        self, lease_owner: Any
+    ) -> None:
+        """A drop racing with a first acquire of the same name cannot slip a token at or
+        below the floor in: every token handed out for the name is new."""
+        tokens: list[int] = []
+        errors: list[BaseException] = []
+        start = threading.Barrier(4)
+
+        def churn(i: int) -> None:
+            try:
+                start.wait()
+                for _ in range(8):
+                    lease = lease_owner.acquire_lease("m", f"h{i}", self.LEASE_MS)
+                    if lease is not None:
+                        tokens.append(lease.token)
+                        lease_owner.release_lease(lease)
+                    lease_owner.prune_leases(0)
+            except BaseException as exc:  # reported below
+                errors.append(exc)
+
+        threads = [threading.Thread(target=churn, args=(i,)) for i in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert not errors
+        assert tokens and len(set(tokens)) == len(tokens)
