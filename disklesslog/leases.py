@@ -287,7 +287,8 @@ class LeaseKeeper:
         if current is None or current.holder is None or self._expired(name, current):
             return None
         with self._lock:
-            first_seen = self._seen[name][1]
+            seen = self._seen.get(name)
+        first_seen = self._clock() if seen is None else seen[1]  # pruned meanwhile: from now
         return Lease(
             name,
             current.holder,
@@ -363,12 +364,13 @@ class LeaseKeeper:
         return self._unchanged_ms(name, record) >= record.duration_ms
 
     def _unchanged_ms(self, name: str, record: LeaseRecord) -> float:
-        """How long this process has seen ``record`` unchanged (-1: it has not)."""
+        """How long this process has seen ``record`` unchanged (-1: it has not, or
+        another thread pruned it since it was read)."""
         with self._lock:
-            key, since = self._seen[name]
-        if key != (record.holder, record.token, record.serial):
+            seen = self._seen.get(name)
+        if seen is None or seen[0] != (record.holder, record.token, record.serial):
             return -1
-        return (self._clock() - since) * 1000
+        return (self._clock() - seen[1]) * 1000
 
 
 def _held(name: str, record: LeaseRecord, sent: float) -> Lease:
