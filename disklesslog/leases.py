@@ -27,9 +27,11 @@ past its validity (a GC pause, a stopped VM) can still act late: the **fencing t
 greater on every change of holder, lets the resource it guards refuse the old holder.
 
 Records of leases nobody uses any more can be removed (:meth:`LeaseKeeper.prune`): a
-store keeps a **token floor**, the greatest token of any record it removed, and gives a
-name with no record a first token above it, so a name taken again after its record was
-removed still gets a token greater than any it had.
+store keeps a **token floor**, the greatest token *and serial* of any record it
+removed, and a name with no record gets a first token and serial above it, so a name
+taken again after its record was removed gets a token greater than any it had, and no
+serial it had (a compare-and-swap from a serial read before the removal cannot match
+the new record).
 """
 
 from __future__ import annotations
@@ -57,6 +59,8 @@ __all__ = [
     "check_lease_record",
     "check_lease_serial",
     "check_prune_age",
+    "raised_floor",
+    "starts_above_floor",
 ]
 
 SAFETY_MARGIN = 0.1
@@ -119,14 +123,14 @@ class LeaseStore(Protocol):
 
     def swap_lease(self, name: str, serial: int, record: LeaseRecord) -> bool:
         """Store ``record`` for ``name`` if its stored serial is still ``serial`` (0: no
-        record yet, and then only if ``record.token`` is above the token floor),
-        atomically; False (nothing changed) if another change came first."""
+        record yet, and then only if :func:`starts_above_floor`), atomically; False
+        (nothing changed) if another change came first."""
         ...
 
     def drop_lease(self, name: str, serial: int) -> bool:
         """Remove the record of ``name`` if its serial is still ``serial``, raising the
-        token floor to its token in the same atomic step; False (nothing changed)
-        otherwise."""
+        token floor (:func:`raised_floor`) in the same atomic step; False (nothing
+        changed) otherwise."""
         ...
 
     def lease_names(self) -> list[str]:
@@ -134,7 +138,8 @@ class LeaseStore(Protocol):
         ...
 
     def lease_floor(self) -> int:
-        """The token floor: the greatest token of a removed record (0: none removed)."""
+        """The token floor: the greatest token or serial of a removed record (0: none
+        removed)."""
         ...
 
 
@@ -189,6 +194,18 @@ def check_prune_age(older_than_ms: object) -> int:
     return older_than_ms
 
 
+def starts_above_floor(record: LeaseRecord, floor: int) -> bool:
+    """Whether ``record`` may be a name's first record under token floor ``floor``: its
+    token above every token, and its serial above every serial, of a removed record.
+    Every store checks it in the atomic step that stores a first record."""
+    return record.token > floor and record.serial > floor
+
+
+def raised_floor(floor: int, removed: LeaseRecord) -> int:
+    """The token floor once ``removed`` is removed: above its token and its serial."""
+    return max(floor, removed.token, removed.serial)
+
+
 def check_lease_serial(serial: object) -> int:
     """Return ``serial`` if it is a serial a stored record can have (what a drop
     compares), else raise ConfigError."""
@@ -208,7 +225,7 @@ def check_lease_record(serial: object, record: object) -> LeaseRecord:
     for value in (record.token, record.serial):
         if type(value) is not int or not 0 < value < 1 << 63:
             raise ConfigError(f"lease tokens and serials are ints from 1 to 2^63-1: {record}")
-    if record.serial != serial + 1:
+    if serial and record.serial != serial + 1:
         raise ConfigError(f"a lease swap from serial {serial} writes serial {serial + 1}: {record}")
     return record
 
@@ -241,7 +258,8 @@ class LeaseKeeper:
             sent = self._clock()
             current = self._read(name)
             if current is None:
-                new = LeaseRecord(holder, self._store.lease_floor() + 1, 1, duration_ms)
+                floor = self._store.lease_floor()
+                new = LeaseRecord(holder, floor + 1, floor + 1, duration_ms)
             elif current.holder == holder:
                 new = LeaseRecord(holder, current.token, current.serial + 1, duration_ms)
             elif current.holder is None or self._expired(name, current):
@@ -302,7 +320,7 @@ class LeaseKeeper:
         ``older_than_ms``, and which are released or expired (seen unchanged for their
         duration too): a held lease is never removed. Returns the names removed,
         sorted. A name acquired again starts above the token floor, which the removal
-        raised to its token, so its tokens still only grow; a holder that renews a
+        raised to its token and serial, so its tokens still only grow; a holder that renews a
         removed lease gets :class:`LeaseLost`. Like a takeover, this counts on this
         process's observations: right after it starts, it removes nothing held-looking
         until it has watched the record long enough."""

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import CorruptDataError, InvalidStreamName
-from ..leases import LeaseKeeper, LeaseRecord
+from ..leases import LeaseKeeper, LeaseRecord, raised_floor, starts_above_floor
 from ..names import validate_lease_name
 from .layout import decode_json, flocked, read_json, write_json
 
@@ -98,8 +98,8 @@ class LeaseFiles:
 
     def swap_lease(self, name: str, serial: int, record: LeaseRecord) -> bool:
         """Always fsynced: a token handed out and then forgotten in a power failure
-        could be handed out again, to another holder. A new name's token must be above
-        the token floor (else False, nothing changed)."""
+        could be handed out again, to another holder. A new name's token and serial
+        must be above the token floor (else False, nothing changed)."""
         self.directory.mkdir(exist_ok=True)
         with flocked(self.directory / _LOCK):
             current = self._read_file(name)
@@ -108,7 +108,7 @@ class LeaseFiles:
                 self._check_absent(name, index)
             if (0 if current is None else current.serial) != serial:
                 return False
-            if current is None and record.token <= index.floor:
+            if current is None and not starts_above_floor(record, index.floor):
                 return False
             if (current is not None and name not in index.names) or not index.stored:
                 self._write_index(index.names, index.floor)  # adopts the unlisted files
@@ -126,7 +126,8 @@ class LeaseFiles:
             return True
 
     def drop_lease(self, name: str, serial: int) -> bool:
-        """Unlist ``name`` (its token now under the floor), then remove its file."""
+        """Unlist ``name`` (its token and serial now under the floor), then remove its
+        file."""
         if not self.directory.is_dir():
             return False
         with flocked(self.directory / _LOCK):
@@ -137,7 +138,7 @@ class LeaseFiles:
                 return False
             if current.serial != serial:
                 return False
-            self._write_index(index.names, max(index.floor, current.token), dropped=name)
+            self._write_index(index.names, raised_floor(index.floor, current), dropped=name)
             self._path(name).unlink()
             with contextlib.suppress(FileNotFoundError):  # a release before the index's lock
                 (self.directory / f"{name}.lock").unlink()

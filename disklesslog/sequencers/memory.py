@@ -25,7 +25,13 @@ from ..errors import (
     InvalidURL,
     StreamNotFound,
 )
-from ..leases import LeaseRecord, check_lease_record, check_lease_serial
+from ..leases import (
+    LeaseRecord,
+    check_lease_record,
+    check_lease_serial,
+    raised_floor,
+    starts_above_floor,
+)
 from ..names import validate_group_name, validate_lease_name, validate_stream_name
 from .base import (
     BatchLocation,
@@ -143,7 +149,7 @@ class MemorySequencer(Sequencer):
             OrderedDict()
         )
         self._lease_records: dict[str, LeaseRecord] = {}
-        self._lease_floor = 0  # the greatest token of a dropped lease record
+        self._lease_floor = 0  # the greatest token or serial of a dropped lease record
 
     def __repr__(self) -> str:
         return f"MemorySequencer({self.url or '<private>'})"
@@ -456,7 +462,7 @@ class MemorySequencer(Sequencer):
             current = self._lease_records.get(name)
             if (0 if current is None else current.serial) != serial:
                 return False
-            if current is None and record.token <= self._lease_floor:
+            if current is None and not starts_above_floor(record, self._lease_floor):
                 return False
             self._lease_records[name] = record
             return True
@@ -468,7 +474,7 @@ class MemorySequencer(Sequencer):
             current = self._lease_records.get(name)
             if current is None or current.serial != serial:
                 return False
-            self._lease_floor = max(self._lease_floor, current.token)
+            self._lease_floor = raised_floor(self._lease_floor, current)
             del self._lease_records[name]
             return True
 

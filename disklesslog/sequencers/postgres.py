@@ -104,7 +104,13 @@ from ..errors import (
     SequencerError,
     StreamNotFound,
 )
-from ..leases import LeaseRecord, check_lease_record, check_lease_serial
+from ..leases import (
+    LeaseRecord,
+    check_lease_record,
+    check_lease_serial,
+    raised_floor,
+    starts_above_floor,
+)
 from ..names import validate_group_name, validate_lease_name, validate_stream_name
 from .base import (
     NO_PRODUCER,
@@ -1756,7 +1762,7 @@ class PostgresSequencer(Sequencer):
             counted = conn.execute(self._q.lock_lease_count).fetchone()
             leases = conn.execute(self._q.all_leases).fetchall()
             count = check_leases(self._where, counted, leases)
-            if r.token <= lease_floor(leases)[0]:
+            if not starts_above_floor(r, lease_floor(leases)[0]):
                 return False
             if conn.execute(self._q.insert_lease, (name, *values, crc)).fetchone() is None:
                 return False  # inserted by another process since this one looked
@@ -1768,7 +1774,7 @@ class PostgresSequencer(Sequencer):
     def drop_lease(self, name: str, serial: int) -> bool:
         """One transaction: the row locked and compared, ``lease_count`` locked, the
         token floor (the row named ``''``, written by the first drop) raised to the
-        row's token and the row deleted."""
+        row's token and serial and the row deleted."""
         validate_lease_name(name)
         check_lease_serial(serial)
 
@@ -1783,7 +1789,7 @@ class PostgresSequencer(Sequencer):
             leases = conn.execute(self._q.all_leases).fetchall()
             count = check_leases(self._where, counted, leases)
             floor, floor_serial = lease_floor(leases)
-            values = (FLOOR_ROW, None, max(floor, current.token), floor_serial + 1, 1)
+            values = (FLOOR_ROW, None, raised_floor(floor, current), floor_serial + 1, 1)
             conn.execute(self._q.put_floor, (*values, row_crc(values)))
             conn.execute(self._q.delete_lease, (name,))
             if floor_serial:  # else the floor's new row takes the dropped one's place

@@ -90,7 +90,13 @@ from ..errors import (
     SequencerError,
     StreamNotFound,
 )
-from ..leases import LeaseRecord, check_lease_record, check_lease_serial
+from ..leases import (
+    LeaseRecord,
+    check_lease_record,
+    check_lease_serial,
+    raised_floor,
+    starts_above_floor,
+)
 from ..names import validate_group_name, validate_lease_name, validate_stream_name
 from .base import (
     NO_PRODUCER,
@@ -1538,7 +1544,7 @@ class SqliteSequencer(Sequencer):
                 return False
             if current is None:
                 count, (floor, _), _ = self._lease_rows(db)
-                if record.token <= floor:
+                if not starts_above_floor(record, floor):
                     return False
                 self._put_lease_count(db, count + 1)
             self._put_lease(db, name, record)
@@ -1546,7 +1552,7 @@ class SqliteSequencer(Sequencer):
 
     def drop_lease(self, name: str, serial: int) -> bool:
         """One ``BEGIN IMMEDIATE`` transaction: the row deleted and the token floor (the
-        row named ``''``, written by the first drop) raised to its token."""
+        row named ``''``, written by the first drop) raised to its token and serial."""
         validate_lease_name(name)
         check_lease_serial(serial)
         with self._transaction(_WRITE) as db:
@@ -1554,7 +1560,7 @@ class SqliteSequencer(Sequencer):
             if current is None or current.serial != serial:
                 return False
             count, (floor, floor_serial), _ = self._lease_rows(db)
-            raised = LeaseRecord(None, max(floor, current.token), floor_serial + 1, 1)
+            raised = LeaseRecord(None, raised_floor(floor, current), floor_serial + 1, 1)
             self._put_lease(db, FLOOR_ROW, raised)
             db.execute("DELETE FROM leases WHERE name = ?", (name,))
             if floor_serial:  # else the floor's new row takes the dropped one's place

@@ -72,7 +72,8 @@ def test_lease_file_layout(tmp_path: Path) -> None:
             "duration_ms": 30_000,
         }
         assert log.prune_leases(0) == ["compaction.a"]
-    assert _spec_json(index.read_bytes()) == {"version": 1, "names": [], "token_floor": 1}
+    # above the pruned file's token (1) and serial (3)
+    assert _spec_json(index.read_bytes()) == {"version": 1, "names": [], "token_floor": 3}
     assert sorted(p.name for p in (tmp_path / "leases").iterdir()) == [".lock"]
     assert not [p for p in (tmp_path / "tmp").iterdir() if p.name.startswith("compaction")]
 
@@ -240,8 +241,29 @@ def test_pruned_name_starts_above_the_token_floor(tmp_path: Path) -> None:
     assert log.prune_leases(0) == ["m"]
     assert not (tmp_path / "leases" / "m.json").exists()
     assert log.lease_holder("m") is None  # pruned: not listed, no file, no damage
-    again = log.acquire_lease("m", "a", 1_000)
-    assert again is not None and again.token == 3
+    again = log.acquire_lease("m", "a", 1_000)  # m had token 2, serial 4
+    assert again is not None and again.token == 5
     log.close()
     with disklesslog.open(tmp_path, fsync="never") as reopened:  # the floor is stored
-        assert reopened.acquire_lease("fresh", "a", 1_000).token == 3  # type: ignore[union-attr]
+        assert reopened.acquire_lease("fresh", "a", 1_000).token == 5  # type: ignore[union-attr]
+
+
+def test_a_swap_from_a_serial_read_before_pruning_misses_the_new_file(tmp_path: Path) -> None:
+    """The sequencers' contract test of the same name, on the files: the floor in
+    ``leases.json`` covers the pruned file's token and serial."""
+    from disklesslog.leases import LeaseRecord
+    from disklesslog.segments.leases import LeaseFiles
+
+    disklesslog.open(tmp_path, fsync="never").close()
+    files = LeaseFiles(tmp_path)
+    assert files.swap_lease("m", 0, LeaseRecord("a", 1, 1, 1_000))
+    assert files.swap_lease("m", 1, LeaseRecord(None, 1, 2, 1_000))
+    assert not files.drop_lease("m", 1)
+    assert files.drop_lease("m", 2)
+    assert (files.lease_names(), files.lease_floor()) == ([], 2)
+    assert not files.swap_lease("m", 0, LeaseRecord("b", 3, 1, 1_000))  # serial 1 again
+    assert files.swap_lease("m", 0, LeaseRecord("b", 3, 3, 1_000))
+    assert files.swap_lease("m", 3, LeaseRecord(None, 3, 4, 1_000))
+    assert not files.swap_lease("m", 2, LeaseRecord("c", 2, 3, 1_000))  # read before the drop
+    assert not files.drop_lease("m", 2)
+    assert files.read_lease("m") == LeaseRecord(None, 3, 4, 1_000)

@@ -60,17 +60,17 @@ def test_a_drop_reaches_every_replica_and_checkpoints_keep_the_floor(tmp_path: P
             assert lease is not None
             first.release_lease(lease)
         assert first.prune_leases(0) == ["m"]
-        assert (second.lease_names(), second.lease_floor()) == ([], 3)
+        assert (second.lease_names(), second.lease_floor()) == ([], 6)  # token 3, serial 6
         written = Path(first.write_checkpoint())
         again = second.acquire_lease("m", "d", 1_000)
-        assert again is not None and again.token == 4
+        assert again is not None and again.token == 7
     entry = int(written.name[:20])
     state = decode_checkpoint(written.read_bytes(), entry, str(written)).state
-    assert (state["leases"], state["lease_floor"]) == ([], 3)
+    assert (state["leases"], state["lease_floor"]) == ([], 6)
     for path in (tmp_path / "sequencer" / "log").iterdir():  # only the checkpoint is left
         if int(path.name) <= entry:
             path.unlink()
     with ObjectStoreSequencer(fs, root) as reopened:
-        assert reopened.lease_floor() == 3
+        assert reopened.lease_floor() == 6
         assert reopened.read_lease("m") is not None
-        assert reopened.acquire_lease("n", "a", 1_000).token == 4  # type: ignore[union-attr]
+        assert reopened.acquire_lease("n", "a", 1_000).token == 7  # type: ignore[union-attr]

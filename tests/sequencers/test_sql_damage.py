@@ -750,12 +750,12 @@ def test_pruning_raises_the_token_floor_row_whose_loss_is_damage(database: Datab
     (which would let pruned names start again at 1) is damage."""
     with database.open() as seq:
         assert seq.prune_leases(0) == ["released"]  # "held" is held
-        assert (seq.lease_names(), seq.lease_floor()) == (["held"], 1)
+        assert (seq.lease_names(), seq.lease_floor()) == (["held"], 2)  # token 1, serial 2
         again = seq.acquire_lease("released", "worker-3", 60_000)
-        assert again is not None and again.token == 2
+        assert again is not None and again.token == 3
         seq.release_lease(again)
         assert seq.prune_leases(0) == ["released"]
-    floor = ("", None, 2, 2, 1)
+    floor = ("", None, 4, 2, 1)  # above token 3 and serial 4
     assert database.run(
         "SELECT name, holder, token, serial, duration_ms, crc FROM {t}leases WHERE name = ''", ()
     ) == [(*floor, row_crc(floor))]
