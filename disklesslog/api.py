@@ -543,6 +543,17 @@ class AbstractLog(ABC):
         self.check_open()
         return self.lease_keeper().holder(name)
 
+    def prune_leases(self, older_than_ms: int) -> list[str]:
+        """Remove the records of leases that are released, or expired, and that this
+        process has seen unchanged for ``older_than_ms`` milliseconds; returns their
+        names, sorted. A held lease is never removed. A removed name acquired again
+        gets a token greater than any it had (the log keeps a token floor), so what the
+        lease fenced stays fenced; a holder renewing a removed lease gets
+        :class:`~disklesslog.LeaseLost`. Keeps the lease state bounded by the names in
+        use (automatic maintenance calls it)."""
+        self.check_open()
+        return self.lease_keeper().prune(older_than_ms)
+
     def consumer(
         self,
         group: str,

@@ -67,7 +67,7 @@ from ..errors import (
     SequencerError,
     StorageError,
 )
-from ..leases import LeaseRecord, check_lease_record
+from ..leases import LeaseRecord, check_lease_record, check_lease_serial
 from ..names import validate_lease_name, validate_stream_name
 from ..retries import DEADLINE
 from ..storage.filesystems import open_filesystem
@@ -382,6 +382,21 @@ class ObjectStoreSequencer(Sequencer):
         op = ["swap_lease", name, serial, r.holder, r.token, r.serial, r.duration_ms]
         result: bool = self._submit(op)
         return result
+
+    def drop_lease(self, name: str, serial: int) -> bool:
+        """One ``drop_lease`` operation: every replica compares the serial, raises the
+        token floor and removes the record as it applies the entry."""
+        validate_lease_name(name)
+        result: bool = self._submit(["drop_lease", name, check_lease_serial(serial)])
+        return result
+
+    def lease_names(self) -> list[str]:
+        with self._reading() as state:
+            return state.lease_names()
+
+    def lease_floor(self) -> int:
+        with self._reading() as state:
+            return state.lease_floor()
 
     def close(self) -> None:
         self._closed = True
@@ -982,6 +997,7 @@ _OPS: dict[str, Callable[..., Any]] = {  # what each operation of objectstore_fo
     "forget_objects": MemorySequencer.forget_objects,
     "commit_offsets": MemorySequencer.commit_offsets,
     "swap_lease": _swap_lease,
+    "drop_lease": MemorySequencer.drop_lease,
     "discard": _discard,
 }
 
