@@ -350,6 +350,14 @@ class Sequencer(ABC):
                 keeper = self.__dict__["_leases"] = LeaseKeeper(self, self.lease_clock)
             return keeper
 
+    # -------------------------------------------------------------- housekeeping
+
+    def housekeeping(self) -> list[str]:
+        """Delete what the sequencer no longer needs of its own storage, and say what
+        went (one line each; nothing by default). Automatic maintenance calls it once
+        per round over the log's streams; safe from any process at any time."""
+        return []
+
     # ------------------------------------------------------------------ closing
 
     def close(self) -> None:  # noqa: B027 - optional hook, most have nothing to release

@@ -771,6 +771,16 @@ class ObjectStoreSequencer(Sequencer):
             self._storage.delete(path)
         return len(doomed)
 
+    def housekeeping(self) -> list[str]:
+        """:meth:`delete_superseded` (which checkpoints also run now and then): entries
+        and checkpoints go as soon as a checkpoint older than the retention supersedes
+        them, even while nothing is committed."""
+        self._check_open()
+        deleted = self.delete_superseded()
+        if not deleted:
+            return []
+        return [f"deleted {deleted} superseded sequencer entries and checkpoints"]
+
     # ---------------------------------------------------------------- repair
 
     def write_checkpoint(self) -> str:
