@@ -383,7 +383,9 @@ class Maintainer:
                 op.last_error = f"{type(exc).__name__}: {exc}"
             return
         if report.actions:
-            log.info("%s: maintenance (%s): %s", self._log.url, operation, "; ".join(report.actions))
+            log.info(
+                "%s: maintenance (%s): %s", self._log.url, operation, "; ".join(report.actions)
+            )
         with self._lock:
             if not report.applicable:
                 self._inapplicable.add(operation)

@@ -57,9 +57,7 @@ def test_two_writer_processes_one_maintainer_and_sigkill_hands_over(
     outs = [tmp_path / "a.jsonl", tmp_path / "b.jsonl"]
     env = {**os.environ, "PYTHONPATH": str(WORKER.parent)}
     children = [
-        subprocess.Popen(
-            [sys.executable, str(WORKER), url, json.dumps(options), str(out)], env=env
-        )
+        subprocess.Popen([sys.executable, str(WORKER), url, json.dumps(options), str(out)], env=env)
         for out in outs
     ]
     try:
@@ -163,9 +161,10 @@ def test_maintain_runs_the_sequencers_housekeeping(tmp_path: Path) -> None:
     sequencer = ObjectStoreSequencer(
         fs, str(tmp_path / "sequencer"), checkpoint_every=10, entry_retention_seconds=0.5
     )
-    with sequencer, disklesslog.open(
-        url, backend="objects", sequencer=sequencer, maintenance="off"
-    ) as log:
+    with (
+        sequencer,
+        disklesslog.open(url, backend="objects", sequencer=sequencer, maintenance="off") as log,
+    ):
         for i in range(50):
             log.stream("s").append(b"%d" % i)
         before = len(list((tmp_path / "sequencer").rglob("*")))

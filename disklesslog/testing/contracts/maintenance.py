@@ -67,9 +67,7 @@ class MaintenanceContract(LogFixtures):
         first_new = _write_old_and_new(log)
         stream = log.stream("s")
         _eventually(lambda: stream.start_offset > 0, self.PATIENCE_S, "retention ran by itself")
-        _eventually(
-            lambda: log.maintenance_status().passes > 0, self.PATIENCE_S, "its pass ended"
-        )
+        _eventually(lambda: log.maintenance_status().passes > 0, self.PATIENCE_S, "its pass ended")
         # Everything of now is kept; what went is what retention_ms no longer keeps.
         assert stream.start_offset <= first_new
         assert [r.value for r in stream.read(first_new)] == [b"new"] * PER_BATCH
@@ -110,9 +108,7 @@ class MaintenanceContract(LogFixtures):
         assert not reader.maintenance_status().running
         assert reader.lease_holder(LEASE_NAME) is None
 
-    def test_one_maintainer_at_a_time_and_close_hands_over(
-        self, log_factory: LogFactory
-    ) -> None:
+    def test_one_maintainer_at_a_time_and_close_hands_over(self, log_factory: LogFactory) -> None:
         first, second = log_factory(**SETTINGS), log_factory(**SETTINGS)
         first.stream("a").append(b"x")
         second.stream("b").append(b"y")
