@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -73,11 +74,28 @@ def test_describe_a_whole_log(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     assert lines[0].split() == ["segments", "start", "end", "records", "bytes", "stream"]
     assert lines[1].split()[1:4] == ["0", "100", "100"] and lines[1].split()[-1] == "a"
     assert lines[2].split()[-1] == "b"
-    assert lines[-1].split()[0] == "101" and lines[-1].endswith("(total)")
+    assert lines[-2].split()[0] == "101" and lines[-2].endswith("(total)")
+    assert lines[-1] == "maintenance: no process holds the maintenance lease now"
     assert main(["describe", str(path), "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)
     assert [r["stream"] for r in rows] == ["a", "b"]
     assert rows[0]["segments"] > 1 and rows[0]["bytes"] > 20_000
+
+
+def test_describe_names_the_process_that_maintains(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with disklesslog.open(tmp_path / "log", maintenance_interval_ms=10) as log:
+        log.stream("s").append(b"x")
+        deadline = time.monotonic() + 30
+        while not log.maintenance_status().passes:
+            assert time.monotonic() < deadline, "no maintenance pass"
+            time.sleep(0.01)
+        holder = log.maintenance_status().holder
+        assert main(["describe", str(tmp_path / "log")]) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == (
+        f"maintenance: run by {holder} (lease token 1)"
+    )
 
 
 def test_describe_object_log_counts_objects(

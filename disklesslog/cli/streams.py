@@ -8,6 +8,8 @@ import json
 from typing import Any
 
 from ..api import StreamInfo
+from ..leases import Lease
+from ..maintenance import LEASE_NAME
 from .common import EXIT_OK, table
 from .logs import open_log
 
@@ -66,6 +68,7 @@ def _describe_log(args: argparse.Namespace) -> int:
     hold it, with a total line."""
     with open_log(args, create=False) as log:
         infos = [log.stream(name).info() for name in log.streams()]
+        maintainer = log.lease_holder(LEASE_NAME)
     rows = []
     for info in infos:
         parts = info.details.get("objects", len(info.details.get("segments", [])))
@@ -100,6 +103,7 @@ def _describe_log(args: argparse.Namespace) -> int:
         + [["", *total[1:], total[0]]],
     )
     print("\n".join(lines) if rows else "no streams")
+    print(_maintainer_line(maintainer))
     held = [info.name for info in infos if info.details.get("pending_transactions")]
     if held:
         print(
@@ -107,6 +111,13 @@ def _describe_log(args: argparse.Namespace) -> int:
             "(`describe URL STREAM` shows it; docs/operations.md, section 7)"
         )
     return EXIT_OK
+
+
+def _maintainer_line(lease: Lease | None) -> str:
+    """Who runs the log's automatic maintenance (docs/operations.md, section 8)."""
+    if lease is None:
+        return "maintenance: no process holds the maintenance lease now"
+    return f"maintenance: run by {lease.holder} (lease token {lease.token})"
 
 
 def describe_dict(info: StreamInfo) -> dict[str, Any]:

@@ -445,14 +445,10 @@ class ObjectLog(AbstractLog):
         return dict(sorted(result.items()))
 
     def housekeeping(self, *, dry_run: bool = False) -> MaintenanceReport:
-        """The sequencer's :meth:`~disklesslog.sequencers.base.Sequencer.housekeeping`
-        (it has no dry run: with ``dry_run`` nothing is done)."""
+        """The sequencer's :meth:`~disklesslog.sequencers.base.Sequencer.housekeeping`."""
         self.check_open()
         report = MaintenanceReport("housekeeping", dry_run=dry_run)
-        if dry_run:
-            report.skipped.append("the sequencer's housekeeping has no dry run")
-            return report
-        report.actions += self.sequencer.housekeeping()
+        report.actions += self.sequencer.housekeeping(dry_run=dry_run)
         return report
 
     def close(self) -> None:

@@ -352,10 +352,11 @@ class Sequencer(ABC):
 
     # -------------------------------------------------------------- housekeeping
 
-    def housekeeping(self) -> list[str]:
+    def housekeeping(self, *, dry_run: bool = False) -> list[str]:
         """Delete what the sequencer no longer needs of its own storage, and say what
-        went (one line each; nothing by default). Automatic maintenance calls it once
-        per round over the log's streams; safe from any process at any time."""
+        went (one line each; nothing by default), or with ``dry_run`` what would.
+        Automatic maintenance calls it once per round over the log's streams; safe from
+        any process at any time."""
         return []
 
     # ------------------------------------------------------------------ closing
