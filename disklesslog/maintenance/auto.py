@@ -37,6 +37,7 @@ import socket
 import threading
 import time
 import uuid
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -189,21 +190,24 @@ class Maintainer:
         self._inapplicable: set[str] = set()  # operations this kind of log has not
         self._cpu_seconds = 0.0
         self._pass_seconds = 0.0
-        self._pid = os.getpid()
+        self.started = False
+        """Whether :meth:`start` was called in this process (a plain attribute: the
+        append path reads it; a forked child starts its own thread at its first write)."""
+        _LIVE.add(self)
 
-    @property
-    def started(self) -> bool:
-        """Whether :meth:`start` was called (in this process: a forked child starts its
-        own thread at its first write)."""
-        return self._thread is not None and self._pid == os.getpid()
+    def _forked(self) -> None:
+        """In a forked child: no thread runs and no lease is held here."""
+        self._lock = threading.Lock()
+        self._thread = None
+        self._lease = None
+        self.started = False
 
     def start(self) -> None:
         """Start the thread (idempotent)."""
         with self._lock:
             if self.started or self._stop.is_set():
                 return
-            self._pid = os.getpid()
-            self._lease = None  # a forked child holds none of its parent's leases
+            self.started = True
             self._thread = threading.Thread(
                 target=self._run, name=f"disklesslog-maintenance {self._log.url}", daemon=True
             )
@@ -399,6 +403,18 @@ class Maintainer:
                 value = getattr(report, counter)
                 if value and counter != "streams":
                     op.totals[counter] = op.totals.get(counter, 0) + value
+
+
+_LIVE: weakref.WeakSet[Maintainer] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    for maintainer in list(_LIVE):
+        maintainer._forked()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _now_ms() -> float:

@@ -173,3 +173,27 @@ def test_maintain_runs_the_sequencers_housekeeping(tmp_path: Path) -> None:
         after = len(list((tmp_path / "sequencer").rglob("*")))
     assert any("superseded sequencer entries" in line for line in report.actions), report
     assert after < before
+
+
+def test_a_forked_child_runs_its_own_maintenance(tmp_path: Path) -> None:
+    """A child forked from a maintaining process holds none of its leases and no thread,
+    until it writes itself."""
+    log = disklesslog.open(tmp_path / "log", fsync="never", maintenance_interval_ms=INTERVAL_MS)
+    log.stream("s").append(b"parent")
+    _wait_for(lambda: log.maintenance_status().maintaining, 30, "the parent maintains")
+    pid = os.fork()
+    if pid == 0:  # the child: report through the exit status only
+        status = 1
+        try:
+            before = log.maintenance_status()
+            log.stream("s").append(b"child")
+            after = log.maintenance_status()
+            log.close()
+            if not before.running and not before.maintaining and after.running:
+                status = 0
+        finally:
+            os._exit(status)
+    _, code = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(code) == 0
+    assert log.maintenance_status().maintaining  # the child's close released nothing of ours
+    log.close()
