@@ -30,9 +30,11 @@ from .leases import Lease, LeaseKeeper
 from .maintenance.auto import (
     DEFAULT_INTERVAL_MS,
     LEASE_NAME,
+    STATUS_FILE,
     Maintainer,
     MaintenanceStatus,
     check_maintenance,
+    decode_status,
 )
 from .maintenance.report import MaintenanceReport, Progress
 from .maintenance.retention import Unit, apply_retention
@@ -799,6 +801,28 @@ class AbstractLog(ABC):
                 holder=holder,
             )
         return self._maintainer.status(holder)
+
+    def last_maintenance(self) -> MaintenanceStatus | None:
+        """The status the process that maintains this log (any process) stored after its
+        last pass: who it was, when each operation last ran and what it did; ``None`` if
+        no pass has run yet (or the backend keeps none). A damaged document raises
+        :class:`~disklesslog.CorruptDataError` (the next pass replaces it)."""
+        self.check_open()
+        raw = self.read_maintenance_status()
+        return None if raw is None else decode_status(raw, f"{self._url}/{STATUS_FILE}")
+
+    def write_maintenance_status(self, data: bytes) -> None:
+        """Replace the stored maintenance status with ``data`` (checksummed JSON).
+
+        For the package's own modules: the backend keeps it at the log's root; a
+        backend that keeps none ignores it (the default)."""
+        del data
+
+    def read_maintenance_status(self) -> bytes | None:
+        """The stored maintenance status, ``None`` if there is none (the default).
+
+        For the package's own modules: :meth:`last_maintenance` decodes it."""
+        return None
 
     def maintenance_metrics(self) -> dict[str, float]:
         """The ``maintenance_*`` entries of :meth:`metrics` (none with ``maintenance="off"``).

@@ -74,8 +74,11 @@ def test_describe_a_whole_log(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     assert lines[0].split() == ["segments", "start", "end", "records", "bytes", "stream"]
     assert lines[1].split()[1:4] == ["0", "100", "100"] and lines[1].split()[-1] == "a"
     assert lines[2].split()[-1] == "b"
-    assert lines[-2].split()[0] == "101" and lines[-2].endswith("(total)")
-    assert lines[-1] == "maintenance: no process holds the maintenance lease now"
+    assert lines[-3].split()[0] == "101" and lines[-3].endswith("(total)")
+    assert lines[-2:] == [
+        "maintenance: no process holds the maintenance lease now",
+        "last maintenance pass: none yet",
+    ]
     assert main(["describe", str(path), "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)
     assert [r["stream"] for r in rows] == ["a", "b"]
@@ -93,9 +96,22 @@ def test_describe_names_the_process_that_maintains(
             time.sleep(0.01)
         holder = log.maintenance_status().holder
         assert main(["describe", str(tmp_path / "log")]) == 0
-    assert capsys.readouterr().out.splitlines()[-1] == (
-        f"maintenance: run by {holder} (lease token 1)"
-    )
+    lines = capsys.readouterr().out.splitlines()
+    at = lines.index(f"maintenance: run by {holder} (lease token 1)")
+    assert lines[at + 1].startswith("last maintenance pass: 20")
+    assert lines[at + 1].endswith(f"Z by {holder}")
+    assert any(line.startswith("  retention: last ran 20") for line in lines[at + 2 :])
+
+
+def test_describe_reports_a_damaged_maintenance_status(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = _log(tmp_path / "log")
+    (path / "maintenance.json").write_bytes(b'{"version": 1}\n#crc32c:00000000\n')
+    assert main(["describe", str(path)]) == 0
+    last = capsys.readouterr().out.splitlines()[-1]
+    assert last.startswith("last maintenance pass: unreadable (")
+    assert "maintenance.json" in last and "CRC-32C" in last
 
 
 def test_describe_object_log_counts_objects(

@@ -42,7 +42,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ..errors import ConfigError, DisklessLogError, LeaseLost, LogClosedError, StreamNotFound
+from ..checksummed import decode_json, encode_json
+from ..errors import (
+    ConfigError,
+    CorruptDataError,
+    DisklessLogError,
+    LeaseLost,
+    LogClosedError,
+    StreamNotFound,
+)
 from ..leases import MAX_DURATION_MS, Lease
 from .report import COUNTERS, MaintenanceReport
 
@@ -61,6 +69,7 @@ __all__ = [
     "MaintenanceStatus",
     "OperationStatus",
     "check_maintenance",
+    "decode_status",
 ]
 
 log = logging.getLogger(__name__)
@@ -91,6 +100,12 @@ OPERATIONS = ("retention", "compaction", "merge", "tiering", "gc", "housekeeping
 """What a pass runs, in order: the first four per stream, the last two log-wide."""
 
 LEASE_NAME = "maintenance"
+
+STATUS_FILE = "maintenance.json"
+"""Where a log keeps the status of its last maintenance pass, at its root: checksummed
+JSON (``docs/format.md`` 2.10 and 3), written by the maintaining process after each
+pass, read by ``describe`` in any process."""
+STATUS_VERSION = 1
 
 
 def check_maintenance(mode: object, interval_ms: object) -> tuple[str, int]:
@@ -343,6 +358,16 @@ class Maintainer:
             self._last_pass_ms = int(time.time() * 1000)
             self._cpu_seconds += time.thread_time() - cpu
             self._pass_seconds += time.monotonic() - started
+        self._store_status()
+
+    def _store_status(self) -> None:
+        """Leave the status where ``describe`` finds it; a failure only leaves it stale."""
+        status = self.status(self.holder).to_dict()
+        document = {"version": STATUS_VERSION, "status": status}
+        try:
+            self._log.write_maintenance_status(encode_json(document))
+        except Exception:
+            log.warning("%s: could not store the maintenance status", self._log.url, exc_info=True)
 
     def _stream_steps(self, name: str) -> None:
         log_ = self._log
@@ -415,6 +440,27 @@ def _after_fork_in_child() -> None:
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def decode_status(raw: bytes, source: str) -> MaintenanceStatus:
+    """The status a maintaining process stored (:data:`STATUS_FILE`); damage, or a
+    document of another version, is :class:`~disklesslog.CorruptDataError` naming
+    ``source``."""
+    content, checked = decode_json(raw, source, what="maintenance status")
+    body = content.get("status") if isinstance(content, dict) else None
+    if not checked or content.get("version") != STATUS_VERSION or not isinstance(body, dict):
+        raise CorruptDataError(
+            f"not a version {STATUS_VERSION} maintenance status with its checksum", source=source
+        )
+    try:
+        operations = {
+            name: OperationStatus(**fields) for name, fields in body.pop("operations").items()
+        }
+        return MaintenanceStatus(**body, operations=operations)
+    except (TypeError, KeyError, AttributeError) as exc:
+        raise CorruptDataError(
+            f"maintenance status lacks its fields: {exc}", source=source
+        ) from None
 
 
 def _now_ms() -> float:

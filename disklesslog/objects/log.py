@@ -30,7 +30,7 @@ from ..errors import (
     StreamNotFound,
 )
 from ..leases import LeaseKeeper
-from ..maintenance.auto import DEFAULT_INTERVAL_MS, check_maintenance
+from ..maintenance.auto import DEFAULT_INTERVAL_MS, STATUS_FILE, check_maintenance
 from ..maintenance.report import MaintenanceReport, Progress
 from ..maintenance.retention import Unit
 from ..markers import MARKER, check_marker, marker_bytes
@@ -443,6 +443,13 @@ class ObjectLog(AbstractLog):
         result.setdefault("commits", 0)
         result.update(self.maintenance_metrics())
         return dict(sorted(result.items()))
+
+    def write_maintenance_status(self, data: bytes) -> None:
+        """``<root>/maintenance.json``, one PUT."""
+        self.storage.write_small(STATUS_FILE, data)
+
+    def read_maintenance_status(self) -> bytes | None:
+        return self.storage.read_small(STATUS_FILE)
 
     def housekeeping(self, *, dry_run: bool = False) -> MaintenanceReport:
         """The sequencer's :meth:`~disklesslog.sequencers.base.Sequencer.housekeeping`."""

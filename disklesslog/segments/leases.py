@@ -23,9 +23,10 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from ..checksummed import decode_json
 from ..errors import CorruptDataError
 from ..leases import LeaseKeeper, LeaseRecord
-from .layout import decode_json, flocked, write_json
+from .layout import flocked, write_json
 
 __all__ = ["LEASES", "LeaseFiles", "lease_keeper"]
 

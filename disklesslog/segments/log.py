@@ -43,6 +43,7 @@ from ..api import (
     check_read_arguments,
     check_timestamp,
 )
+from ..checksummed import encode_json
 from ..config import StreamConfig, require_keys
 from ..errors import (
     ConfigError,
@@ -52,7 +53,7 @@ from ..errors import (
 )
 from ..format import EncodedBatch, as_column, encode_batch_borrowed, encode_record
 from ..leases import LeaseKeeper
-from ..maintenance.auto import DEFAULT_INTERVAL_MS
+from ..maintenance.auto import DEFAULT_INTERVAL_MS, STATUS_FILE
 from ..maintenance.compaction import DEFAULT_MAX_KEYS, require_compacted
 from ..maintenance.grace import resolve_grace
 from ..maintenance.report import MaintenanceReport, Progress
@@ -79,9 +80,9 @@ from .layout import (
     StreamState,
     check_log_directory,
     clean_staging,
-    encode_json,
     read_json,
     segment_name,
+    write_durably,
     write_json,
 )
 from .leases import lease_keeper
@@ -677,6 +678,16 @@ class SegmentLog(AbstractLog):
         result.update(appended_batches=batches, appended_records=records, appended_bytes=written)
         result.update(self.maintenance_metrics())
         return dict(sorted(result.items()))
+
+    def write_maintenance_status(self, data: bytes) -> None:
+        """``<log>/maintenance.json``, replaced whole (not fsynced: it only informs)."""
+        write_durably(self.path, self.path / STATUS_FILE, data, sync=False)
+
+    def read_maintenance_status(self) -> bytes | None:
+        try:
+            return (self.path / STATUS_FILE).read_bytes()
+        except FileNotFoundError:
+            return None
 
     # ------------------------------------------------------------ internals
 

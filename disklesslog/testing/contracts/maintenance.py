@@ -79,6 +79,17 @@ class MaintenanceContract(LogFixtures):
         assert retention.runs >= 1 and retention.errors == 0
         assert retention.last_run_ms is not None and retention.last_changed is not None
         assert retention.totals["records_removed"] == stream.start_offset
+        # What it stored for other processes: who, and what the operations did.
+        other = log_factory(maintenance="off")
+
+        def stored_removal() -> bool:
+            stored = other.last_maintenance()  # stored just after the pass's end
+            if stored is None:
+                return False
+            assert stored.holder == status.holder and stored.last_pass_ms is not None
+            return stored.operations["retention"].totals.get("records_removed", 0) > 0
+
+        _eventually(stored_removal, self.PATIENCE_S, "the pass's status is stored")
         metrics = log.metrics()
         assert metrics["maintenance_passes"] >= 1
         assert metrics["maintenance_retention_records_removed"] == stream.start_offset
@@ -93,6 +104,7 @@ class MaintenanceContract(LogFixtures):
         assert (status.mode, status.running, status.maintaining) == ("off", False, False)
         assert status.holder is None and log.lease_holder(LEASE_NAME) is None
         assert not [name for name in log.metrics() if name.startswith("maintenance_")]
+        assert log.last_maintenance() is None
         # The explicit call still works.
         assert log.apply_retention("s").records_removed > 0
 
