@@ -18,7 +18,8 @@ every ``maintenance_interval_ms``:
    streams; merging; tiering) stream by stream, round-robin from where the last pass
    stopped, until the pass has used its time budget (a quarter of the interval, at
    most :data:`MAX_BUDGET_MS`). When a round over every stream is complete, the
-   log-wide ones follow: garbage collection and the sequencer's housekeeping. The
+   log-wide ones follow (at most once a minute): garbage collection and the
+   sequencer's housekeeping. The
    budget bounds the share of a core maintenance takes, and every step is a call
    that takes the same locks appends take only for its short swaps.
 
@@ -95,6 +96,12 @@ outlast a short interval several times over, and the lease must outlast it."""
 
 MAX_BUDGET_MS = 10_000
 """Most time one pass spends on per-stream steps before it yields to the next pass."""
+
+LOG_WIDE_EVERY_MS = 60_000
+"""The log-wide steps (garbage collection, housekeeping) run at most this often, however
+short the interval: garbage waits out a grace of minutes and superseded sequencer
+entries a retention of minutes, so collecting more often finds nothing new, while each
+run lists the whole data prefix."""
 
 OPERATIONS = ("retention", "compaction", "merge", "tiering", "gc", "housekeeping")
 """What a pass runs, in order: the first four per stream, the last two log-wide."""
@@ -199,6 +206,7 @@ class Maintainer:
         self._thread: threading.Thread | None = None
         self._lease: Lease | None = None
         self._cursor: str | None = None  # the last stream a pass finished
+        self._log_wide_at = float("-inf")  # monotonic time of the last log-wide steps
         self._passes = 0
         self._last_pass_ms: int | None = None
         self._operations = {name: OperationStatus() for name in OPERATIONS}
@@ -348,8 +356,11 @@ class Maintainer:
                 break
             self._stream_steps(name)
             self._cursor = name
-        if round_done and self._renew_if_due():
+        if round_done:
             self._cursor = None
+        log_wide_due = time.monotonic() - self._log_wide_at >= LOG_WIDE_EVERY_MS / 1000
+        if round_done and log_wide_due and self._renew_if_due():
+            self._log_wide_at = time.monotonic()
             self._step("gc", self._log.collect_garbage)
             if self._housekeeping is not None and self._renew_if_due():
                 self._step("housekeeping", self._housekeeping)

@@ -21,6 +21,7 @@ import pytest
 
 import disklesslog
 from disklesslog import ConfigError
+from disklesslog.maintenance import auto
 from disklesslog.maintenance.auto import MIN_LEASE_MS
 from disklesslog.sequencers.objectstore import ObjectStoreSequencer
 
@@ -197,3 +198,32 @@ def test_a_forked_child_runs_its_own_maintenance(tmp_path: Path) -> None:
     assert os.waitstatus_to_exitcode(code) == 0
     assert log.maintenance_status().maintaining  # the child's close released nothing of ours
     log.close()
+
+
+def test_automatic_maintenance_runs_the_housekeeping(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Superseded object-store sequencer entries go without any call (the log-wide steps
+    made to run every round, not at most once a minute)."""
+    monkeypatch.setattr(auto, "LOG_WIDE_EVERY_MS", 0)
+    fs = fsspec.filesystem("file")
+    sequencer = ObjectStoreSequencer(
+        fs, str(tmp_path / "sequencer"), checkpoint_every=10, entry_retention_seconds=0.5
+    )
+    with (
+        sequencer,
+        disklesslog.open(
+            f"file://{tmp_path}/log",
+            backend="objects",
+            sequencer=sequencer,
+            maintenance_interval_ms=INTERVAL_MS,
+        ) as log,
+    ):
+        for i in range(50):
+            log.stream("s").append(b"%d" % i)
+
+        def deleted() -> bool:
+            changed = log.maintenance_status().operations["housekeeping"].last_changed
+            return changed is not None and "superseded sequencer entries" in changed
+
+        _wait_for(deleted, 30, "housekeeping deleted superseded entries")
