@@ -292,3 +292,14 @@ def test_repair_refuses_bad_arguments_and_does_not_apply_to_object_logs(
             log.repair("a", accept_data_loss="yes")  # type: ignore[arg-type]
     assert main(["repair", url, "a", "--backend", "objects"]) == 0
     assert "not applicable" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(("flag", "mode"), [([], "auto"), (["--maintenance", "off"], "off")])
+def test_commands_take_the_maintenance_option(tmp_path: Path, flag: list[str], mode: str) -> None:
+    from disklesslog.cli import build_parser
+    from disklesslog.cli.logs import open_log
+
+    disklesslog.open(tmp_path / "log").close()
+    args = build_parser().parse_args(["streams", str(tmp_path / "log"), *flag])
+    with open_log(args, create=False) as log:
+        assert log.maintenance_status().mode == mode
