@@ -144,6 +144,8 @@ def soak(seconds: float, sample_every: float) -> dict[str, Any]:
             log = disklesslog.open(
                 url, **options, maintenance_interval_ms=1000, retention_ms=10_000
             )
+            for i in range(STREAMS):
+                log.create_stream(f"s{i}")
             logs.append((kind, log, Path(scratch) / ("local" if "local" in kind else "objects")))
             results[kind] = []
         value = b"s" * 1024
