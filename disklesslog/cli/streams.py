@@ -138,7 +138,8 @@ def _last_pass_lines(last: MaintenanceStatus | str | None) -> list[str]:
     for name, op in last.operations.items():
         if op.last_run_ms is None:
             continue
-        line = f"  {name}: last ran {_when(op.last_run_ms)}, {op.runs} runs"
+        runs = f"{op.runs} run{'s' if op.runs != 1 else ''}"
+        line = f"  {name}: last ran {_when(op.last_run_ms)}, {runs}"
         if op.errors:
             line += f", {op.errors} failed (last: {op.last_error})"
         if op.last_changed:
