@@ -35,10 +35,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..checksummed import decode_json
 from ..errors import CorruptDataError, InvalidStreamName
 from ..leases import LeaseKeeper, LeaseRecord, raised_floor, starts_above_floor
 from ..names import validate_lease_name
-from .layout import decode_json, flocked, read_json, write_json
+from .layout import flocked, read_json, write_json
 
 __all__ = ["LEASES", "LEASE_INDEX", "LeaseFiles", "lease_keeper"]
 

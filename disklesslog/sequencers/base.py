@@ -368,6 +368,15 @@ class Sequencer(ABC):
                 keeper = self.__dict__["_leases"] = LeaseKeeper(self, self.lease_clock)
             return keeper
 
+    # -------------------------------------------------------------- housekeeping
+
+    def housekeeping(self, *, dry_run: bool = False) -> list[str]:
+        """Delete what the sequencer no longer needs of its own storage, and say what
+        went (one line each; nothing by default), or with ``dry_run`` what would.
+        Automatic maintenance calls it once per round over the log's streams; safe from
+        any process at any time."""
+        return []
+
     # ------------------------------------------------------------------ closing
 
     def close(self) -> None:  # noqa: B027 - optional hook, most have nothing to release

@@ -96,7 +96,7 @@ def test_lease_file_layout(tmp_path: Path) -> None:
     ],
 )
 def test_damaged_lease_file_is_reported_and_kept(tmp_path: Path, damage: Any) -> None:
-    from disklesslog.segments.layout import encode_json
+    from disklesslog.checksummed import encode_json
 
     with disklesslog.open(tmp_path, fsync="never") as log:
         lease = log.acquire_lease("m", "a", 12_345)
