@@ -18,8 +18,8 @@ every ``maintenance_interval_ms``:
    streams; merging; tiering) stream by stream, round-robin from where the last pass
    stopped, until the pass has used its time budget (a quarter of the interval, at
    most :data:`MAX_BUDGET_MS`). When a round over every stream is complete, the
-   log-wide ones follow (at most once a minute): garbage collection and the
-   sequencer's housekeeping. The
+   log-wide ones follow (at most once a minute): garbage collection, the sequencer's
+   housekeeping, and pruning lease records unused for a day. The
    budget bounds the share of a core maintenance takes, and every step is a call
    that takes the same locks appends take only for its short swaps.
 
@@ -103,8 +103,13 @@ short the interval: garbage waits out a grace of minutes and superseded sequence
 entries a retention of minutes, so collecting more often finds nothing new, while each
 run lists the whole data prefix."""
 
-OPERATIONS = ("retention", "compaction", "merge", "tiering", "gc", "housekeeping")
-"""What a pass runs, in order: the first four per stream, the last two log-wide."""
+OPERATIONS = ("retention", "compaction", "merge", "tiering", "gc", "housekeeping", "leases")
+"""What a pass runs, in order: the first four per stream, the last three log-wide."""
+
+LEASE_PRUNE_AFTER_MS = 24 * 3600 * 1000
+"""Lease records released or expired, and unchanged for this long as the maintaining
+process has seen them, are pruned (:meth:`~disklesslog.Log.prune_leases`): the lease
+state stays bounded by the names in use, and a name taken again gets a greater token."""
 
 LEASE_NAME = "maintenance"
 
@@ -364,6 +369,8 @@ class Maintainer:
             self._step("gc", self._log.collect_garbage)
             if self._housekeeping is not None and self._renew_if_due():
                 self._step("housekeeping", self._housekeeping)
+            if self._renew_if_due():
+                self._step("leases", self._prune_leases)
         with self._lock:
             self._passes += 1
             self._last_pass_ms = int(time.time() * 1000)
@@ -379,6 +386,13 @@ class Maintainer:
             self._log.write_maintenance_status(encode_json(document))
         except Exception:
             log.warning("%s: could not store the maintenance status", self._log.url, exc_info=True)
+
+    def _prune_leases(self) -> MaintenanceReport:
+        report = MaintenanceReport("leases")
+        pruned = self._log.prune_leases(LEASE_PRUNE_AFTER_MS)
+        if pruned:
+            report.actions.append(f"pruned the records of released leases {', '.join(pruned)}")
+        return report
 
     def _stream_steps(self, name: str) -> None:
         log_ = self._log

@@ -227,3 +227,26 @@ def test_automatic_maintenance_runs_the_housekeeping(
             return changed is not None and "superseded sequencer entries" in changed
 
         _wait_for(deleted, 30, "housekeeping deleted superseded entries")
+
+
+def test_automatic_maintenance_prunes_released_leases(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(auto, "LOG_WIDE_EVERY_MS", 0)
+    monkeypatch.setattr(auto, "LEASE_PRUNE_AFTER_MS", 1)
+    with disklesslog.open(
+        tmp_path / "log", fsync="never", maintenance_interval_ms=INTERVAL_MS
+    ) as log:
+        lease = log.acquire_lease("job", "worker-1", 60_000)
+        assert lease is not None
+        log.release_lease(lease)
+        log.stream("s").append(b"x")
+
+        def pruned() -> bool:
+            changed = log.maintenance_status().operations["leases"].last_changed
+            return changed == "pruned the records of released leases job"
+
+        _wait_for(pruned, 30, "the released lease's record is pruned")
+        again = log.acquire_lease("job", "worker-2", 60_000)
+        assert again is not None and again.token > lease.token
+        assert log.maintenance_status().holder is not None  # its own lease stays
