@@ -835,7 +835,8 @@ class SegmentLog(AbstractLog):
         """Park stores until at most ``max_open_streams`` hold descriptors (lock held).
 
         The clock algorithm over the open stores, oldest opened first: one used since
-        the hand last passed gets a second chance (moved to the back, its mark cleared);
+        the hand last passed (not counting the call that reopened it: see
+        :meth:`_opened`) gets a second chance (moved to the back, its mark cleared);
         one in use (pins, another thread inside it, or ``keep``: the store opening its
         files again, inside its own call) is skipped. Two rounds at most;
         if every store is in use the bound is passed until they are not."""
