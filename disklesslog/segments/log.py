@@ -845,6 +845,11 @@ class SegmentLog(AbstractLog):
         and park others if the log holds too many open."""
         with self._lock:
             if self._stores.get(store.name) is store:
+                # Opening is not a use that earns a second chance: a store used once
+                # since it was parked is the first to go again, so appends round-robin
+                # over more streams than the bound park one store each, not a sweep
+                # over every open store each time the hand comes round.
+                store.used = False
                 self._open[store] = None
                 if len(self._open) > self._max_open:
                     self._park_unused(keep=store)
@@ -853,26 +858,28 @@ class SegmentLog(AbstractLog):
         """Park stores until at most ``max_open_streams`` hold descriptors (lock held).
 
         The clock algorithm over the open stores, oldest opened first: one used since
-        the hand last passed gets a second chance (moved to the back, its mark cleared);
+        the hand last passed (not counting the call that reopened it: see
+        :meth:`_opened`) gets a second chance (moved to the back, its mark cleared);
         one in use (pins, another thread inside it, or ``keep``: the store opening its
         files again, inside its own call) is skipped. Two rounds at most;
         if every store is in use the bound is passed until they are not."""
-        excess = len(self._open) - self._max_open
-        turns = 2 * len(self._open)
+        opened, stores = self._open, self._stores
+        excess = len(opened) - self._max_open
+        turns = 2 * len(opened)
         while excess > 0 and turns > 0:
             turns -= 1
-            store = next(iter(self._open))
-            if store.parked or self._stores.get(store.name) is not store:
-                del self._open[store]  # parked or forgotten by another path
+            store = next(iter(opened))
+            if store.parked or stores.get(store.name) is not store:
+                del opened[store]  # parked or forgotten by another path
                 excess -= 1
             elif store.used or store.pins or store is keep:
                 store.used = False
-                self._open.move_to_end(store)
+                opened.move_to_end(store)
             elif store.park():
-                del self._open[store]
+                del opened[store]
                 excess -= 1
             else:
-                self._open.move_to_end(store)
+                opened.move_to_end(store)
 
     def _forget(self, name: str, store: StreamStore) -> None:
         with self._lock:
