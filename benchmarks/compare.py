@@ -16,7 +16,9 @@ local log, a cached read of an object log, writes to an object log (one PUT and 
 commit per flush), tiering a local log and reading it back from the tier (cold, then
 through the block cache), and ``Sequencer.commit`` of 10 batches on the SQLite,
 object-store (``file://``) and memory sequencers, plus the object-store sequencer's
-replay on open.
+replay on open; and ``many``, run.py's many-streams group once (appends round-robin
+over 500 and over 10,000 streams of one log, which parks and reopens them), minutes a
+round, so name it with ``--only many``.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ WORKLOADS = (
     "sqlite",
     "objectstore",
     "memory",
+    "many",
 )
 COMMITS = 2_000
 
@@ -161,6 +164,8 @@ def _run(workload: str, directory: str) -> dict[str, float]:
         return {"object-store commits/s": rate, "object-store opens/s": 1 / opened}
     if workload == "memory":
         return {"memory sequencer commits/s": _commits_per_second(open_sequencer("memory://c"))}
+    if workload == "many":
+        return _many(Path(directory))
     raise SystemExit(f"unknown workload {workload!r}")
 
 
@@ -189,6 +194,31 @@ def _tiered(directory: str, value: bytes) -> dict[str, float]:
         "tiered read (cold), records/s": rates[0],
         "tiered read (cached), records/s": rates[1],
     }
+
+
+def _many(work: Path) -> dict[str, float]:
+    """``run.py``'s many-streams group, once: single appends round-robin over 500
+    streams (all open) and over 10,000 (each append reopens a parked one), with
+    ``max_open_streams=1000``, under fsync "never" and "interval", and the ratios."""
+    import workloads as wl  # run.py's workloads (this file's directory is on sys.path)
+
+    records = 50_000
+    figures = {}
+    with wl.many_streams_log(work, streams=10_000) as path:
+        for fsync in ("never", "interval"):
+            rates = []
+            for count in (500, 10_000):
+                run = wl.dl_round_robin(
+                    work, path, streams=count, records=records, max_open=1_000, fsync=fsync
+                )
+                with run as append:
+                    start = time.perf_counter()
+                    append()
+                    rates.append(records / (time.perf_counter() - start))
+            figures[f"500 streams, fsync={fsync}, appends/s"] = rates[0]
+            figures[f"10,000 streams, fsync={fsync}, appends/s"] = rates[1]
+            figures[f"10,000 / 500 streams, fsync={fsync} (x100)"] = 100 * rates[1] / rates[0]
+    return figures
 
 
 # --------------------------------------------------------------------- the driver
@@ -243,7 +273,7 @@ def main() -> None:
     parser.add_argument("--only", action="append", choices=WORKLOADS)
     parser.add_argument("--json", type=Path, help="also write every sample here")
     args = parser.parse_args()
-    workloads = tuple(args.only or WORKLOADS)
+    workloads = tuple(args.only or (name for name in WORKLOADS if name != "many"))
     rows = compare(args.old.resolve(), args.new.resolve(), args.rounds, workloads)
     print("| measure | old (median) | new (median) | new / old |")
     print("|---|---:|---:|---:|")

@@ -120,6 +120,13 @@ def open(url: str | os.PathLike[str], **options: Any) -> AbstractLog:
       (``file://``). Default: chosen by the scheme.
     * ``create``: ``True`` (the default) creates a missing log; ``False`` raises
       :class:`InvalidURL` instead, for tools that must not create one by mistake.
+    * ``maintenance``: ``"auto"`` (the default): once this process writes the log, it
+      takes part in the log's automatic maintenance (retention, compaction, merging,
+      tiering, garbage collection, sequencer housekeeping), which one writing process
+      at a time runs in the background (docs/operations.md, section 8); ``"off"``:
+      never (run ``log.maintain()`` yourself).
+    * ``maintenance_interval_ms``: milliseconds between maintenance passes, 10..86400000;
+      default 60000.
 
     **Options of local logs** (paths and ``file://`` URLs):
 

@@ -27,6 +27,15 @@ from .errors import (
 )
 from .format import MAX_OFFSET, MAX_TIMESTAMP
 from .leases import Lease, LeaseKeeper
+from .maintenance.auto import (
+    DEFAULT_INTERVAL_MS,
+    LEASE_NAME,
+    STATUS_FILE,
+    Maintainer,
+    MaintenanceStatus,
+    check_maintenance,
+    decode_status,
+)
 from .maintenance.report import MaintenanceReport, Progress
 from .maintenance.retention import Unit, apply_retention
 from .names import validate_group_name, validate_stream_name
@@ -362,9 +371,26 @@ class AbstractLog(ABC):
     Thread-safe. Use as a context manager or call :meth:`close`.
     """
 
-    def __init__(self, url: str) -> None:
+    def __init__(
+        self,
+        url: str,
+        *,
+        maintenance: str = "auto",
+        maintenance_interval_ms: int = DEFAULT_INTERVAL_MS,
+    ) -> None:
+        """``maintenance``/``maintenance_interval_ms``: see :func:`disklesslog.open` and
+        :mod:`disklesslog.maintenance.auto`; checked here, before a backend creates
+        anything."""
+        mode, interval_ms = check_maintenance(maintenance, maintenance_interval_ms)
         self._url = url
         self._closed = False
+        self._maintenance_mode = mode
+        self._maintenance_interval_ms = interval_ms
+        self._maintainer = (
+            Maintainer(self, interval_ms, housekeeping=self.housekeeping)
+            if mode == "auto"
+            else None
+        )
 
     @property
     def url(self) -> str:
@@ -543,6 +569,17 @@ class AbstractLog(ABC):
         self.check_open()
         return self.lease_keeper().holder(name)
 
+    def prune_leases(self, older_than_ms: int) -> list[str]:
+        """Remove the records of leases that are released, or expired, and that this
+        process has seen unchanged for ``older_than_ms`` milliseconds; returns their
+        names, sorted. A held lease is never removed. A removed name acquired again
+        gets a token greater than any it had (the log keeps a token floor), so what the
+        lease fenced stays fenced; a holder renewing a removed lease gets
+        :class:`~disklesslog.LeaseLost`. Keeps the lease state bounded by the names in
+        use (automatic maintenance calls it)."""
+        self.check_open()
+        return self.lease_keeper().prune(older_than_ms)
+
     def consumer(
         self,
         group: str,
@@ -684,7 +721,10 @@ class AbstractLog(ABC):
     ) -> MaintenanceReport:
         """Run every maintenance operation that applies to this log, in order: retention,
         compaction, merging, tiering, garbage collection (log-wide, with
-        ``grace_seconds``). Returns their reports added up."""
+        ``grace_seconds``) and the sequencer's housekeeping. Returns their reports added
+        up. Automatic maintenance (``maintenance="auto"``) runs the same steps in the
+        background; this is for cron jobs, tools and logs opened with
+        ``maintenance="off"``."""
         from .maintenance.grace import resolve_grace  # noqa: PLC0415 - grace.py imports api
 
         self.check_open()
@@ -708,6 +748,7 @@ class AbstractLog(ABC):
             self.merge(stream, dry_run=dry_run, progress=progress),
             self.tier(stream, dry_run=dry_run, progress=progress, now_ms=now_ms),
             self.collect_garbage(dry_run=dry_run, progress=progress, grace_seconds=grace_seconds),
+            self.housekeeping(dry_run=dry_run),
         ]
         for step in steps:
             report.merge(step)
@@ -724,9 +765,81 @@ class AbstractLog(ABC):
             validate_stream_name(stream)
         if now_ms is not None:
             check_timestamp(now_ms, "now_ms")
-        report = MaintenanceReport(operation, dry_run=dry_run)
+        report = MaintenanceReport(operation, dry_run=dry_run, applicable=False)
         report.skipped.append(f"not applicable to {type(self).__name__} logs")
         return report
+
+    def housekeeping(self, *, dry_run: bool = False) -> MaintenanceReport:
+        """The sequencer's own upkeep (object logs): e.g. the object-store sequencer
+        deletes entries and checkpoints a newer checkpoint superseded. Local logs have
+        none."""
+        return self._not_applicable("housekeeping", dry_run)
+
+    # ------------------------------------------------------ automatic maintenance
+
+    def note_write(self) -> None:
+        """Start this process's automatic maintenance, if it is on and not started.
+
+        For the package's own modules: a backend calls it on every write (an append, a
+        new writer or stager, a created stream), so that a process that only reads never
+        maintains; after the first, it costs two attribute reads."""
+        maintainer = self._maintainer
+        if maintainer is not None and not maintainer.started:
+            maintainer.start()
+
+    def stop_maintenance(self) -> None:
+        """Stop this process's automatic maintenance after its current step and give the
+        maintenance lease up, so another writer takes over at once.
+
+        For the package's own modules: a backend's :meth:`close` calls it first, while
+        the log can still run the step; idempotent."""
+        if self._maintainer is not None:
+            self._maintainer.stop()
+
+    def maintenance_status(self) -> MaintenanceStatus:
+        """Automatic maintenance as this process sees it: whether it is on, whether this
+        process maintains now, who holds the maintenance lease (any process), and, for
+        this process's passes, when each operation last ran and what it did."""
+        self.check_open()
+        lease = self.lease_holder(LEASE_NAME)
+        holder = None if lease is None else lease.holder
+        if self._maintainer is None:
+            return MaintenanceStatus(
+                mode=self._maintenance_mode,
+                interval_ms=self._maintenance_interval_ms,
+                running=False,
+                maintaining=False,
+                holder=holder,
+            )
+        return self._maintainer.status(holder)
+
+    def last_maintenance(self) -> MaintenanceStatus | None:
+        """The status the process that maintains this log (any process) stored after its
+        last pass: who it was, when each operation last ran and what it did; ``None`` if
+        no pass has run yet (or the backend keeps none). A damaged document raises
+        :class:`~disklesslog.CorruptDataError` (the next pass replaces it)."""
+        self.check_open()
+        raw = self.read_maintenance_status()
+        return None if raw is None else decode_status(raw, f"{self._url}/{STATUS_FILE}")
+
+    def write_maintenance_status(self, data: bytes) -> None:
+        """Replace the stored maintenance status with ``data`` (checksummed JSON).
+
+        For the package's own modules: the backend keeps it at the log's root; a
+        backend that keeps none ignores it (the default)."""
+        del data
+
+    def read_maintenance_status(self) -> bytes | None:
+        """The stored maintenance status, ``None`` if there is none (the default).
+
+        For the package's own modules: :meth:`last_maintenance` decodes it."""
+        return None
+
+    def maintenance_metrics(self) -> dict[str, float]:
+        """The ``maintenance_*`` entries of :meth:`metrics` (none with ``maintenance="off"``).
+
+        For the package's own modules: each backend's :meth:`metrics` adds them."""
+        return {} if self._maintainer is None else self._maintainer.metrics()
 
     # ---------------------------------------------------------------- metrics
 

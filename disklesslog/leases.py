@@ -25,6 +25,13 @@ therefore watch a held lease for a full duration before it can take it over, eve
 the holder died long ago: the price of needing no synchronised clocks. A holder paused
 past its validity (a GC pause, a stopped VM) can still act late: the **fencing token**,
 greater on every change of holder, lets the resource it guards refuse the old holder.
+
+Records of leases nobody uses any more can be removed (:meth:`LeaseKeeper.prune`): a
+store keeps a **token floor**, the greatest token *and serial* of any record it
+removed, and a name with no record gets a first token and serial above it, so a name
+taken again after its record was removed gets a token greater than any it had, and no
+serial it had (a compare-and-swap from a serial read before the removal cannot match
+the new record).
 """
 
 from __future__ import annotations
@@ -35,7 +42,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-from .errors import ConfigError, LeaseLost
+from .errors import ConfigError, CorruptDataError, LeaseLost
 from .names import validate_lease_name
 
 __all__ = [
@@ -50,6 +57,10 @@ __all__ = [
     "check_holder",
     "check_lease",
     "check_lease_record",
+    "check_lease_serial",
+    "check_prune_age",
+    "raised_floor",
+    "starts_above_floor",
 ]
 
 SAFETY_MARGIN = 0.1
@@ -103,16 +114,32 @@ class LeaseRecord:
 
 
 class LeaseStore(Protocol):
-    """The two primitives a backend provides; each is atomic."""
+    """The primitives a backend provides; each is atomic."""
 
     def read_lease(self, name: str) -> LeaseRecord | None:
-        """The stored record of ``name``, or ``None`` if it was never acquired. A damaged
-        record raises :class:`~disklesslog.CorruptDataError`."""
+        """The stored record of ``name``, or ``None`` if it has none (never acquired, or
+        pruned). A damaged or lost record raises :class:`~disklesslog.CorruptDataError`."""
         ...
 
     def swap_lease(self, name: str, serial: int, record: LeaseRecord) -> bool:
         """Store ``record`` for ``name`` if its stored serial is still ``serial`` (0: no
-        record yet), atomically; False (nothing changed) if another change came first."""
+        record yet, and then only if :func:`starts_above_floor`), atomically; False
+        (nothing changed) if another change came first."""
+        ...
+
+    def drop_lease(self, name: str, serial: int) -> bool:
+        """Remove the record of ``name`` if its serial is still ``serial``, raising the
+        token floor (:func:`raised_floor`) in the same atomic step; False (nothing
+        changed) otherwise."""
+        ...
+
+    def lease_names(self) -> list[str]:
+        """The names that have a record, sorted."""
+        ...
+
+    def lease_floor(self) -> int:
+        """The token floor: the greatest token or serial of a removed record (0: none
+        removed)."""
         ...
 
 
@@ -157,6 +184,36 @@ def check_lease(lease: object) -> Lease:
     return lease
 
 
+def check_prune_age(older_than_ms: object) -> int:
+    """Return ``older_than_ms`` if it is a valid age for :meth:`LeaseKeeper.prune`, else
+    raise ConfigError."""
+    if type(older_than_ms) is not int or older_than_ms < 0:
+        raise ConfigError(
+            f"a lease prune age must be an int of milliseconds >= 0, not {older_than_ms!r}"
+        )
+    return older_than_ms
+
+
+def starts_above_floor(record: LeaseRecord, floor: int) -> bool:
+    """Whether ``record`` may be a name's first record under token floor ``floor``: its
+    token above every token, and its serial above every serial, of a removed record.
+    Every store checks it in the atomic step that stores a first record."""
+    return record.token > floor and record.serial > floor
+
+
+def raised_floor(floor: int, removed: LeaseRecord) -> int:
+    """The token floor once ``removed`` is removed: above its token and its serial."""
+    return max(floor, removed.token, removed.serial)
+
+
+def check_lease_serial(serial: object) -> int:
+    """Return ``serial`` if it is a serial a stored record can have (what a drop
+    compares), else raise ConfigError."""
+    if type(serial) is not int or not 0 < serial < 1 << 63:
+        raise ConfigError(f"a lease serial is an int from 1 to 2^63-1, not {serial!r}")
+    return serial
+
+
 def check_lease_record(serial: object, record: object) -> LeaseRecord:
     """Refuse (ConfigError) a compare-and-swap whose values no keeper would write: a
     backend checks them before anything is stored."""
@@ -168,7 +225,7 @@ def check_lease_record(serial: object, record: object) -> LeaseRecord:
     for value in (record.token, record.serial):
         if type(value) is not int or not 0 < value < 1 << 63:
             raise ConfigError(f"lease tokens and serials are ints from 1 to 2^63-1: {record}")
-    if record.serial != serial + 1:
+    if serial and record.serial != serial + 1:
         raise ConfigError(f"a lease swap from serial {serial} writes serial {serial + 1}: {record}")
     return record
 
@@ -192,7 +249,8 @@ class LeaseKeeper:
         """Take lease ``name`` for ``holder`` for ``duration_ms`` if it is free (never
         taken, released, or seen unchanged for its full duration) or already
         ``holder``'s (then this renews it, same token); ``None`` if another holder has
-        it. A new holder's token is the previous one + 1 (1 for the first)."""
+        it. A new holder's token is the previous one + 1 (for the first, the token
+        floor + 1: 1 in a store that never pruned a lease)."""
         validate_lease_name(name)
         check_holder(holder)
         check_duration(duration_ms)
@@ -200,7 +258,8 @@ class LeaseKeeper:
             sent = self._clock()
             current = self._read(name)
             if current is None:
-                new = LeaseRecord(holder, 1, 1, duration_ms)
+                floor = self._store.lease_floor()
+                new = LeaseRecord(holder, floor + 1, floor + 1, duration_ms)
             elif current.holder == holder:
                 new = LeaseRecord(holder, current.token, current.serial + 1, duration_ms)
             elif current.holder is None or self._expired(name, current):
@@ -246,7 +305,8 @@ class LeaseKeeper:
         if current is None or current.holder is None or self._expired(name, current):
             return None
         with self._lock:
-            first_seen = self._seen[name][1]
+            seen = self._seen.get(name)
+        first_seen = self._clock() if seen is None else seen[1]  # pruned meanwhile: from now
         return Lease(
             name,
             current.holder,
@@ -254,6 +314,47 @@ class LeaseKeeper:
             current.duration_ms,
             first_seen * 1000 + current.duration_ms,
         )
+
+    def prune(self, older_than_ms: int) -> list[str]:
+        """Remove the records of the leases this process has seen unchanged for
+        ``older_than_ms``, and which are released or expired (seen unchanged for their
+        duration too): a held lease is never removed. Returns the names removed,
+        sorted. A name acquired again starts above the token floor, which the removal
+        raised to its token and serial, so its tokens still only grow; a holder that renews a
+        removed lease gets :class:`LeaseLost`. Like a takeover, this counts on this
+        process's observations: right after it starts, it removes nothing held-looking
+        until it has watched the record long enough."""
+        check_prune_age(older_than_ms)
+        pruned = []
+        for name in self._store.lease_names():
+            current = self._read(name)
+            if current is None:
+                continue
+            wait = (
+                older_than_ms if current.holder is None else max(older_than_ms, current.duration_ms)
+            )
+            if self._unchanged_ms(name, current) < wait:
+                continue
+            if self._store.drop_lease(name, current.serial):
+                with self._lock:
+                    self._seen.pop(name, None)
+                pruned.append(name)
+        return pruned
+
+    def verify(self) -> tuple[int, list[CorruptDataError]]:
+        """Read every lease record: how many there are and the damage found (each
+        error's ``source`` names the file, object or row). Changes nothing."""
+        try:
+            names = self._store.lease_names()
+        except CorruptDataError as exc:
+            return 0, [exc]
+        found = []
+        for name in names:
+            try:
+                self._store.read_lease(name)
+            except CorruptDataError as exc:
+                found.append(exc)
+        return len(names), found
 
     def _read(self, name: str) -> LeaseRecord | None:
         """The stored record, noting when this process first saw it."""
@@ -278,10 +379,16 @@ class LeaseKeeper:
 
     def _expired(self, name: str, record: LeaseRecord) -> bool:
         """Whether this process has seen ``record`` unchanged for its full duration."""
+        return self._unchanged_ms(name, record) >= record.duration_ms
+
+    def _unchanged_ms(self, name: str, record: LeaseRecord) -> float:
+        """How long this process has seen ``record`` unchanged (-1: it has not, or
+        another thread pruned it since it was read)."""
         with self._lock:
-            key, since = self._seen[name]
-        same = key == (record.holder, record.token, record.serial)
-        return same and (self._clock() - since) * 1000 >= record.duration_ms
+            seen = self._seen.get(name)
+        if seen is None or seen[0] != (record.holder, record.token, record.serial):
+            return -1
+        return (self._clock() - seen[1]) * 1000
 
 
 def _held(name: str, record: LeaseRecord, sent: float) -> Lease:
@@ -294,7 +401,7 @@ def _held(name: str, record: LeaseRecord, sent: float) -> Lease:
 
 def _lost(lease: Lease, current: LeaseRecord | None) -> str:
     if current is None or current.token < lease.token:
-        what = "the store holds no such lease (it never granted this token)"
+        what = "the store holds no such lease (it was pruned, or never granted this token)"
     elif current.holder is None:
         what = f"it was released (its token is now {current.token})"
     else:

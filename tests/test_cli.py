@@ -723,7 +723,43 @@ def test_verify_json_of_a_clean_log(tmp_path: Path, capsys: pytest.CaptureFixtur
         "bytes": size,
         "corruptions": 0,
         "streams": [{"stream": "a", "ok": True, "records": 3, "bytes": size, "corruptions": []}],
+        "leases": {"records": 0, "ok": True, "corruptions": []},
     }
+
+
+def test_verify_reads_lease_files_and_reports_damaged_and_missing_ones(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = make_log(tmp_path / "log", a=[b"x"])
+    with disklesslog.open(path) as log:
+        for name in ("damaged", "gone", "fine"):
+            assert log.acquire_lease(name, "worker-1", 60_000) is not None
+    assert main(["verify", str(path)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[-2:] == [
+        "ok      leases: 3 records",
+        out[-1].split(";")[0] + "; no corruption",
+    ]
+    assert out[-1].startswith("checked 1 stream(s): 1 records,")
+    assert out[-1].endswith(" bytes, 3 lease(s); no corruption")
+    damaged, gone = path / "leases" / "damaged.json", path / "leases" / "gone.json"
+    _flip(damaged, 20)
+    gone.unlink()
+    assert main(["verify", str(path)]) == 1
+    out = capsys.readouterr().out.splitlines()
+    assert out[-4].startswith(f"CORRUPT leases: {damaged}: ")
+    assert out[-3].startswith(f"CORRUPT leases: {gone}: lease file is missing")
+    assert out[-2] == "CORRUPT leases: 3 records"
+    assert out[-1].endswith("; 2 corruption(s) found")
+    assert main(["verify", str(path), "--json"]) == 1
+    document = json.loads(capsys.readouterr().out)
+    assert (document["ok"], document["corruptions"]) == (False, 2)
+    leases = document["leases"]
+    assert (leases["records"], leases["ok"]) == (3, False)
+    assert [c["file"] for c in leases["corruptions"]] == [str(damaged), str(gone)]
+    assert damaged.exists() and not gone.exists()  # verify changes nothing
+    assert main(["verify", str(path), "--stream", "a", "--json"]) == 0  # leases not asked
+    assert json.loads(capsys.readouterr().out)["leases"] is None
 
 
 def test_verify_one_stream(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -73,11 +74,44 @@ def test_describe_a_whole_log(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     assert lines[0].split() == ["segments", "start", "end", "records", "bytes", "stream"]
     assert lines[1].split()[1:4] == ["0", "100", "100"] and lines[1].split()[-1] == "a"
     assert lines[2].split()[-1] == "b"
-    assert lines[-1].split()[0] == "101" and lines[-1].endswith("(total)")
+    assert lines[-3].split()[0] == "101" and lines[-3].endswith("(total)")
+    assert lines[-2:] == [
+        "maintenance: no process holds the maintenance lease now",
+        "last maintenance pass: none yet",
+    ]
     assert main(["describe", str(path), "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)
     assert [r["stream"] for r in rows] == ["a", "b"]
     assert rows[0]["segments"] > 1 and rows[0]["bytes"] > 20_000
+
+
+def test_describe_names_the_process_that_maintains(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with disklesslog.open(tmp_path / "log", maintenance_interval_ms=10) as log:
+        log.stream("s").append(b"x")
+        deadline = time.monotonic() + 30
+        while not log.maintenance_status().passes:
+            assert time.monotonic() < deadline, "no maintenance pass"
+            time.sleep(0.01)
+        holder = log.maintenance_status().holder
+        assert main(["describe", str(tmp_path / "log")]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    at = lines.index(f"maintenance: run by {holder} (lease token 1)")
+    assert lines[at + 1].startswith("last maintenance pass: 20")
+    assert lines[at + 1].endswith(f"Z by {holder}")
+    assert any(line.startswith("  retention: last ran 20") for line in lines[at + 2 :])
+
+
+def test_describe_reports_a_damaged_maintenance_status(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = _log(tmp_path / "log")
+    (path / "maintenance.json").write_bytes(b'{"version": 1}\n#crc32c:00000000\n')
+    assert main(["describe", str(path)]) == 0
+    last = capsys.readouterr().out.splitlines()[-1]
+    assert last.startswith("last maintenance pass: unreadable (")
+    assert "maintenance.json" in last and "CRC-32C" in last
 
 
 def test_describe_object_log_counts_objects(
@@ -258,3 +292,14 @@ def test_repair_refuses_bad_arguments_and_does_not_apply_to_object_logs(
             log.repair("a", accept_data_loss="yes")  # type: ignore[arg-type]
     assert main(["repair", url, "a", "--backend", "objects"]) == 0
     assert "not applicable" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(("flag", "mode"), [([], "auto"), (["--maintenance", "off"], "off")])
+def test_commands_take_the_maintenance_option(tmp_path: Path, flag: list[str], mode: str) -> None:
+    from disklesslog.cli import build_parser
+    from disklesslog.cli.logs import open_log
+
+    disklesslog.open(tmp_path / "log").close()
+    args = build_parser().parse_args(["streams", str(tmp_path / "log"), *flag])
+    with open_log(args, create=False) as log:
+        assert log.maintenance_status().mode == mode

@@ -1039,6 +1039,10 @@ def _sequencer_log(root: Path) -> Any:
     assert lease is not None
     seq.release_lease(lease)
     seq.acquire_lease("l", "v", 1_000)
+    pruned = seq.acquire_lease("p", "w", 1_000)
+    assert pruned is not None
+    seq.release_lease(pruned)
+    assert seq.prune_leases(0) == ["p"]
     return seq
 
 

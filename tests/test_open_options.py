@@ -65,6 +65,8 @@ def test_every_registered_object_option_is_accepted() -> None:
     values = {
         "cache": None,
         "create": True,
+        "maintenance": "off",
+        "maintenance_interval_ms": 1000,
         "retry_deadline_ms": 1000,
         "sequencer": "memory://",  # an unnamed in-memory sequencer: this log's own
         "storage_options": {},

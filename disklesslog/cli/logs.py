@@ -50,6 +50,13 @@ def log_options() -> argparse.ArgumentParser:
         default=[],
         help="an fsspec storage option of the tier (repeatable; never recorded)",
     )
+    maintenance = options.add_argument_group("automatic maintenance")
+    maintenance.add_argument(
+        "--maintenance",
+        choices=("auto", "off"),
+        help="whether a command that writes (produce, create) takes part in the log's "
+        "automatic maintenance while it runs (default: auto)",
+    )
     return options
 
 
@@ -66,4 +73,6 @@ def open_log(args: argparse.Namespace, *, create: bool) -> Log:
         options["tier_url"] = args.tier_url
     if args.tier_storage_option:
         options["tier_storage_options"] = dict(args.tier_storage_option)
+    if args.maintenance is not None:
+        options["maintenance"] = args.maintenance
     return open_log_at(args.url, **options)

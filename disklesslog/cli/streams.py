@@ -4,10 +4,14 @@ segments or objects), as text or JSON."""
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 from typing import Any
 
 from ..api import StreamInfo
+from ..errors import CorruptDataError
+from ..leases import Lease
+from ..maintenance import LEASE_NAME, MaintenanceStatus
 from .common import EXIT_OK, table
 from .logs import open_log
 
@@ -66,6 +70,11 @@ def _describe_log(args: argparse.Namespace) -> int:
     hold it, with a total line."""
     with open_log(args, create=False) as log:
         infos = [log.stream(name).info() for name in log.streams()]
+        maintainer = log.lease_holder(LEASE_NAME)
+        try:
+            last: MaintenanceStatus | str | None = log.last_maintenance()
+        except CorruptDataError as exc:  # informative only: the next pass replaces it
+            last = f"unreadable ({exc})"
     rows = []
     for info in infos:
         parts = info.details.get("objects", len(info.details.get("segments", [])))
@@ -100,6 +109,8 @@ def _describe_log(args: argparse.Namespace) -> int:
         + [["", *total[1:], total[0]]],
     )
     print("\n".join(lines) if rows else "no streams")
+    print(_maintainer_line(maintainer))
+    print("\n".join(_last_pass_lines(last)))
     held = [info.name for info in infos if info.details.get("pending_transactions")]
     if held:
         print(
@@ -107,6 +118,41 @@ def _describe_log(args: argparse.Namespace) -> int:
             "(`describe URL STREAM` shows it; docs/operations.md, section 7)"
         )
     return EXIT_OK
+
+
+def _maintainer_line(lease: Lease | None) -> str:
+    """Who runs the log's automatic maintenance (docs/operations.md, section 8)."""
+    if lease is None:
+        return "maintenance: no process holds the maintenance lease now"
+    return f"maintenance: run by {lease.holder} (lease token {lease.token})"
+
+
+def _last_pass_lines(last: MaintenanceStatus | str | None) -> list[str]:
+    """What the last maintenance pass (of whichever process) stored: when it ended, by
+    whom, and per operation when it last ran, failures and the last change."""
+    if last is None:
+        return ["last maintenance pass: none yet"]
+    if isinstance(last, str):
+        return [f"last maintenance pass: {last}"]
+    lines = [f"last maintenance pass: {_when(last.last_pass_ms)} by {last.holder}"]
+    for name, op in last.operations.items():
+        if op.last_run_ms is None:
+            continue
+        runs = f"{op.runs} run{'s' if op.runs != 1 else ''}"
+        line = f"  {name}: last ran {_when(op.last_run_ms)}, {runs}"
+        if op.errors:
+            line += f", {op.errors} failed (last: {op.last_error})"
+        if op.last_changed:
+            line += f"; last change: {op.last_changed}"
+        lines.append(line)
+    return lines
+
+
+def _when(millis: int | None) -> str:
+    if millis is None:
+        return "never"
+    moment = datetime.datetime.fromtimestamp(millis / 1000, datetime.timezone.utc)
+    return moment.isoformat(timespec="seconds").replace("+00:00", "Z")
 
 
 def describe_dict(info: StreamInfo) -> dict[str, Any]:

@@ -1,6 +1,6 @@
-"""``verify``: read and checksum every batch of a log's streams, report each corruption
-with its file and byte position (as text, or one JSON document), and exit 1 if there
-was any."""
+"""``verify``: read and checksum every batch of a log's streams and every lease record,
+report each corruption with its file and byte position (as text, or one JSON
+document), and exit 1 if there was any."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..api import Stream, StreamInfo
+from ..api import AbstractLog, Stream, StreamInfo
 from ..errors import CorruptDataError
 from .common import EXIT_ERROR, EXIT_OK
 from .logs import open_log
@@ -22,7 +22,9 @@ __all__ = ["add_command"]
 def add_command(commands: Any, log_options: argparse.ArgumentParser) -> None:
     """Register ``verify`` on ``commands`` (argparse subparsers)."""
     verify = commands.add_parser(
-        "verify", parents=[log_options], help="checksum every batch; exit 1 on corruption"
+        "verify",
+        parents=[log_options],
+        help="checksum every batch and lease record; exit 1 on corruption",
     )
     verify.add_argument("url", metavar="URL")
     verify.add_argument("--stream", metavar="S", help="check only this stream")
@@ -42,6 +44,7 @@ class _Checked:
     bytes: int = 0
     corruptions: int = 0
     results: list[dict[str, Any]] = field(default_factory=list)
+    leases: dict[str, Any] | None = None
 
     def say(self, line: str) -> None:
         """A line of the text report (``--json`` prints only the document)."""
@@ -55,10 +58,13 @@ def _cmd_verify(args: argparse.Namespace) -> int:
         names = [args.stream] if args.stream is not None else log.streams()
         for name in names:
             _verify_stream(log.stream(name), checked)
+        if args.stream is None:
+            _verify_leases(log, checked)
     found = f"{checked.corruptions} corruption(s) found" if checked.corruptions else "no corruption"
+    leases = checked.leases["records"] if checked.leases else 0
     checked.say(
         f"checked {checked.streams} stream(s): {checked.records} records, "
-        f"{checked.bytes} bytes; {found}"
+        f"{checked.bytes} bytes{f', {leases} lease(s)' if leases else ''}; {found}"
     )
     if args.json:
         document = {
@@ -68,6 +74,7 @@ def _cmd_verify(args: argparse.Namespace) -> int:
             "bytes": checked.bytes,
             "corruptions": checked.corruptions,
             "streams": checked.results,
+            "leases": checked.leases,
         }
         print(json.dumps(document, indent=2))
     return EXIT_ERROR if checked.corruptions else EXIT_OK
@@ -109,6 +116,25 @@ def _verify_stream(stream: Stream, checked: _Checked) -> None:
     result.update(records=records, bytes=info.size_bytes)
     status = "ok     " if not problems else "CORRUPT"
     checked.say(f"{status} {stream.name}: {records} records, {info.size_bytes} bytes")
+
+
+def _verify_leases(log: AbstractLog, checked: _Checked) -> None:
+    """Read every lease record (a local log's files and index, or the sequencer's rows
+    or state): a damaged or missing one is reported with its file or row. Said only
+    when there are leases or damage, so a log without leases reports as before."""
+    count, damage = log.lease_keeper().verify()
+    checked.corruptions += len(damage)
+    checked.leases = {
+        "records": count,
+        "ok": not damage,
+        "corruptions": [
+            {"file": exc.source, "position": exc.position, "reason": exc.reason} for exc in damage
+        ],
+    }
+    for exc in damage:
+        checked.say(f"CORRUPT leases: {exc.source or '(unknown file)'}: {exc.reason}")
+    if count or damage:
+        checked.say(f"{'CORRUPT' if damage else 'ok     '} leases: {count} records")
 
 
 def _report_corruption(result: dict[str, Any], exc: CorruptDataError, checked: _Checked) -> None:

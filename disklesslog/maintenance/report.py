@@ -65,6 +65,9 @@ class MaintenanceReport:
     bytes_deleted: int = 0
     actions: list[str] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
+    applicable: bool = True
+    """False when the operation does not apply to this kind of log at all (merging a
+    local log): automatic maintenance stops calling it."""
 
     def add(self, **counts: int) -> None:
         """Increase counters by name (``report.add(segments_deleted=2, bytes_deleted=n)``)."""

@@ -24,7 +24,15 @@ __all__ = ["ObjectLog", "ObjectStream"]
 
 SCHEMES = ("s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "memory")
 
-OPTIONS = ("cache", "create", "retry_deadline_ms", "sequencer", "storage_options")
+OPTIONS = (
+    "cache",
+    "create",
+    "maintenance",
+    "maintenance_interval_ms",
+    "retry_deadline_ms",
+    "sequencer",
+    "storage_options",
+)
 """The log options :func:`~disklesslog.objects.log.open_object_log` takes (besides
 stream settings), declared here so that listing them does not import the backend."""
 

@@ -30,6 +30,7 @@ from ..errors import (
     StreamNotFound,
 )
 from ..leases import LeaseKeeper
+from ..maintenance.auto import DEFAULT_INTERVAL_MS, STATUS_FILE, check_maintenance
 from ..maintenance.report import MaintenanceReport, Progress
 from ..maintenance.retention import Unit
 from ..markers import MARKER, check_marker, marker_bytes
@@ -80,10 +81,14 @@ class ObjectLog(AbstractLog):
         owns_sequencer: bool,
         cache: BlockCache | None,
         stream_defaults: StreamConfig,
+        maintenance: str = "auto",
+        maintenance_interval_ms: int = DEFAULT_INTERVAL_MS,
     ) -> None:
         """A log over storage whose root :func:`open_object_log` has checked (and marked)
         and a sequencer it opened; use :func:`disklesslog.open`."""
-        super().__init__(url)
+        super().__init__(
+            url, maintenance=maintenance, maintenance_interval_ms=maintenance_interval_ms
+        )
         self._defaults = stream_defaults
         # What metrics() reports: the storage's counters, where the package's readers,
         # writers, stagers and maintenance count too (as ``log.storage.metrics``).
@@ -116,6 +121,7 @@ class ObjectLog(AbstractLog):
         self.check_open()
         validate_stream_name(name)
         wanted = self._defaults.replace(**config)
+        self.note_write()
         try:  # an existing stream is a read (creating is an entry on the object store)
             meta = self.sequencer.stream_info(name)
         except StreamNotFound:
@@ -227,6 +233,7 @@ class ObjectLog(AbstractLog):
             max_inflight=max_inflight,
         )
         self._writers.add(w)
+        self.note_write()
         return w
 
     def writer_for_appends(self) -> ObjectWriter:
@@ -235,6 +242,7 @@ class ObjectLog(AbstractLog):
 
         For the package's own modules: :class:`ObjectStream` appends through it, and
         the log owns it (one per log, closed with the log)."""
+        self.note_write()
         with self._lock:
             self.check_open()
             if self._append_writer is None or self._append_writer.closed:
@@ -251,6 +259,7 @@ class ObjectLog(AbstractLog):
     def stager(self, *, max_object_bytes: int | None = None) -> ObjectStager:
         """A stager uploading ``….staged`` objects (see :mod:`disklesslog.objects.transactions`)."""
         self.check_open()
+        self.note_write()
         return ObjectStager(self, max_object_bytes=max_object_bytes)
 
     def commit_transaction(
@@ -432,11 +441,27 @@ class ObjectLog(AbstractLog):
         result.setdefault("puts", 0)
         result.setdefault("gets", 0)
         result.setdefault("commits", 0)
+        result.update(self.maintenance_metrics())
         return dict(sorted(result.items()))
+
+    def write_maintenance_status(self, data: bytes) -> None:
+        """``<root>/maintenance.json``, one PUT."""
+        self.storage.write_small(STATUS_FILE, data)
+
+    def read_maintenance_status(self) -> bytes | None:
+        return self.storage.read_small(STATUS_FILE)
+
+    def housekeeping(self, *, dry_run: bool = False) -> MaintenanceReport:
+        """The sequencer's :meth:`~disklesslog.sequencers.base.Sequencer.housekeeping`."""
+        self.check_open()
+        report = MaintenanceReport("housekeeping", dry_run=dry_run)
+        report.actions += self.sequencer.housekeeping(dry_run=dry_run)
+        return report
 
     def close(self) -> None:
         if self._closed:
             return
+        self.stop_maintenance()
         writers = list(self._writers)
         if self._append_writer is not None:
             writers.append(self._append_writer)
@@ -589,6 +614,10 @@ def open_object_log(url: str, location: str, options: dict[str, Any]) -> ObjectL
     cache = _cache_for(options.pop("cache", "default"))
     create = options.pop("create", True)
     retry_deadline = deadline_seconds(options.pop("retry_deadline_ms", DEADLINE_MS))
+    maintenance = check_maintenance(
+        options.pop("maintenance", "auto"),
+        options.pop("maintenance_interval_ms", DEFAULT_INTERVAL_MS),
+    )
     if type(create) is not bool:
         raise ConfigError(f"create must be True or False, not {create!r}")
     if storage_options is not None and not isinstance(storage_options, Mapping):
@@ -620,6 +649,8 @@ def open_object_log(url: str, location: str, options: dict[str, Any]) -> ObjectL
         owns_sequencer=owned,
         cache=cache,
         stream_defaults=defaults,
+        maintenance=maintenance[0],
+        maintenance_interval_ms=maintenance[1],
     )
 
 

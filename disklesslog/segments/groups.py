@@ -19,9 +19,10 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from ..checksummed import decode_json
 from ..errors import CorruptDataError, InvalidStreamName
 from ..names import validate_group_name
-from .layout import decode_json, flocked, write_json
+from .layout import flocked, write_json
 
 __all__ = [
     "GROUPS",

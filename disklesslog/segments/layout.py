@@ -22,7 +22,7 @@ Every small file the backend trusts later carries a CRC-32C: the state record (a
 copy) and the cleaner checkpoint in their own binary layouts, the JSON files (marker,
 ``stream.json``, consumer groups, the compaction intent, ``tier.json``, transaction
 files, ``.lost`` markers) in one trailer line written and checked by
-:func:`encode_json` / :func:`decode_json` (``docs/format.md`` 2.10).
+:func:`~disklesslog.checksummed.encode_json` / ``decode_json`` (``docs/format.md`` 2.10).
 """
 
 from __future__ import annotations
@@ -32,7 +32,6 @@ import fcntl
 import json
 import logging
 import os
-import re
 import shutil
 import struct
 import threading
@@ -43,6 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..checksummed import decode_json, encode_json
 from ..errors import CorruptDataError, InvalidURL
 from ..format import crc32c
 from ..markers import MARKER, check_marker
@@ -184,35 +184,6 @@ def write_state_copy(stream_dir: Path, state: StreamState, *, sync: bool) -> Non
 
 
 # --------------------------------------------------------------- checksummed JSON
-
-_TRAILER = re.compile(rb"#crc32c:([0-9a-f]{8})\n\Z")
-_TRAILER_SIZE = len(b"#crc32c:00000000\n")
-
-
-def encode_json(content: Any, *, indent: int | None = None) -> bytes:
-    """``content`` as a checksummed JSON file: the JSON text and a newline, then the
-    trailer line ``#crc32c:<8 lowercase hex>``, the CRC-32C of every byte before it."""
-    separators = None if indent is not None else (",", ":")
-    body = json.dumps(content, indent=indent, separators=separators).encode() + b"\n"
-    return body + b"#crc32c:%08x\n" % crc32c(body)
-
-
-def decode_json(raw: bytes, source: str, *, what: str) -> tuple[Any, bool]:
-    """Parse a JSON file written by :func:`encode_json` (checked against its trailer) or
-    by version 1 (no trailer, parsed as before). Returns the content and whether it was
-    checksummed: a caller refuses an unchecked file whose own version says it was
-    written with the trailer. A bad checksum or unparsable text is
-    :class:`CorruptDataError` naming ``source`` (``what`` says what the file is)."""
-    match = _TRAILER.search(raw, max(0, len(raw) - _TRAILER_SIZE))
-    body = raw
-    if match is not None:
-        body = raw[: match.start()]
-        if int(match.group(1), 16) != crc32c(body):
-            raise CorruptDataError(f"{what} fails its CRC-32C", source=source)
-    try:
-        return json.loads(body), match is not None
-    except (ValueError, RecursionError) as exc:  # also bad UTF-8, absurd nesting
-        raise CorruptDataError(f"unreadable {what}: {exc!r}", source=source) from None
 
 
 def read_json(path: Path, *, what: str) -> tuple[Any, bool] | None:

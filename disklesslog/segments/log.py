@@ -43,6 +43,7 @@ from ..api import (
     check_read_arguments,
     check_timestamp,
 )
+from ..checksummed import encode_json
 from ..config import StreamConfig, require_keys
 from ..errors import (
     ConfigError,
@@ -52,6 +53,7 @@ from ..errors import (
 )
 from ..format import EncodedBatch, as_column, encode_batch_borrowed, encode_record
 from ..leases import LeaseKeeper
+from ..maintenance.auto import DEFAULT_INTERVAL_MS, STATUS_FILE
 from ..maintenance.compaction import DEFAULT_MAX_KEYS, require_compacted
 from ..maintenance.grace import resolve_grace
 from ..maintenance.report import MaintenanceReport, Progress
@@ -78,9 +80,9 @@ from .layout import (
     StreamState,
     check_log_directory,
     clean_staging,
-    encode_json,
     read_json,
     segment_name,
+    write_durably,
     write_json,
 )
 from .leases import lease_keeper
@@ -169,10 +171,16 @@ class SegmentLog(AbstractLog):
         tier_url: str | None = None,
         tier_storage_options: Mapping[str, Any] | None = None,
         retry_deadline_ms: int = DEADLINE_MS,
+        maintenance: str = "auto",
+        maintenance_interval_ms: int = DEFAULT_INTERVAL_MS,
         **stream_defaults: Any,
     ) -> None:
         root = Path(path).absolute()
-        super().__init__(url or str(root))
+        super().__init__(
+            url or str(root),
+            maintenance=maintenance,
+            maintenance_interval_ms=maintenance_interval_ms,
+        )
         if fsync not in FSYNC_POLICIES:
             raise ConfigError(f"fsync={fsync!r} is unknown; choose one of {list(FSYNC_POLICIES)}")
         if type(fsync_interval_ms) is not int or not 1 <= fsync_interval_ms <= 3_600_000:
@@ -270,6 +278,7 @@ class SegmentLog(AbstractLog):
         self.check_open()
         validate_stream_name(name)
         wanted = self._defaults.replace(**config)
+        self.note_write()
         directory = self.stream_dir(name)
         if not directory.exists():
             self._create_directory(name, wanted)
@@ -485,6 +494,7 @@ class SegmentLog(AbstractLog):
             else max_buffer_bytes,
         )
         self._writers.add(w)
+        self.note_write()
         return w
 
     # ----------------------------------------------------- two-phase commits
@@ -494,6 +504,7 @@ class SegmentLog(AbstractLog):
         :mod:`disklesslog.segments.transactions`); its process must see this directory
         (the same machine, or a shared file system)."""
         self.check_open()
+        self.note_write()
         return SegmentStager(self, max_object_bytes=max_object_bytes)
 
     def commit_transaction(
@@ -632,6 +643,7 @@ class SegmentLog(AbstractLog):
     def close(self) -> None:
         if self._closed:
             return
+        self.stop_maintenance()
         for w in list(self._writers):
             with contextlib.suppress(Exception):
                 w.close()
@@ -664,7 +676,18 @@ class SegmentLog(AbstractLog):
                 written += store.appended_bytes
         result = self._metrics.snapshot()
         result.update(appended_batches=batches, appended_records=records, appended_bytes=written)
+        result.update(self.maintenance_metrics())
         return dict(sorted(result.items()))
+
+    def write_maintenance_status(self, data: bytes) -> None:
+        """``<log>/maintenance.json``, replaced whole (not fsynced: it only informs)."""
+        write_durably(self.path, self.path / STATUS_FILE, data, sync=False)
+
+    def read_maintenance_status(self) -> bytes | None:
+        try:
+            return (self.path / STATUS_FILE).read_bytes()
+        except FileNotFoundError:
+            return None
 
     # ------------------------------------------------------------ internals
 
@@ -822,6 +845,11 @@ class SegmentLog(AbstractLog):
         and park others if the log holds too many open."""
         with self._lock:
             if self._stores.get(store.name) is store:
+                # Opening is not a use that earns a second chance: a store used once
+                # since it was parked is the first to go again, so appends round-robin
+                # over more streams than the bound park one store each, not a sweep
+                # over every open store each time the hand comes round.
+                store.used = False
                 self._open[store] = None
                 if len(self._open) > self._max_open:
                     self._park_unused(keep=store)
@@ -830,26 +858,28 @@ class SegmentLog(AbstractLog):
         """Park stores until at most ``max_open_streams`` hold descriptors (lock held).
 
         The clock algorithm over the open stores, oldest opened first: one used since
-        the hand last passed gets a second chance (moved to the back, its mark cleared);
+        the hand last passed (not counting the call that reopened it: see
+        :meth:`_opened`) gets a second chance (moved to the back, its mark cleared);
         one in use (pins, another thread inside it, or ``keep``: the store opening its
         files again, inside its own call) is skipped. Two rounds at most;
         if every store is in use the bound is passed until they are not."""
-        excess = len(self._open) - self._max_open
-        turns = 2 * len(self._open)
+        opened, stores = self._open, self._stores
+        excess = len(opened) - self._max_open
+        turns = 2 * len(opened)
         while excess > 0 and turns > 0:
             turns -= 1
-            store = next(iter(self._open))
-            if store.parked or self._stores.get(store.name) is not store:
-                del self._open[store]  # parked or forgotten by another path
+            store = next(iter(opened))
+            if store.parked or stores.get(store.name) is not store:
+                del opened[store]  # parked or forgotten by another path
                 excess -= 1
             elif store.used or store.pins or store is keep:
                 store.used = False
-                self._open.move_to_end(store)
+                opened.move_to_end(store)
             elif store.park():
-                del self._open[store]
+                del opened[store]
                 excess -= 1
             else:
-                self._open.move_to_end(store)
+                opened.move_to_end(store)
 
     def _forget(self, name: str, store: StreamStore) -> None:
         with self._lock:
@@ -938,6 +968,7 @@ class SegmentStream(Stream):
         headers: Any = None,
         timestamp: int | None = None,
     ) -> int:
+        self._log.note_write()
         store = self._log.store_if_open(self._name)
         if store is not None:  # the hot path; a new or deleted stream takes the slow one
             try:
@@ -983,6 +1014,7 @@ class SegmentStream(Stream):
             with encoded(config):
                 pass
 
+        self._log.note_write()
         return self._log.with_store(self._name, append_all, create=True, check=check)
 
     # A stream with a manifest (tier.manifest) has tiered segments: its reads, extent

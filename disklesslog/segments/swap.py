@@ -35,6 +35,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..checksummed import decode_json, encode_json
 from ..errors import CorruptDataError
 from ..format import crc32c
 from ..storage.atomic import fsync_directory
@@ -46,8 +47,6 @@ from .layout import (
     SEGMENT_SUFFIXES,
     STAGING,
     close_quietly,
-    decode_json,
-    encode_json,
     segment_name,
 )
 

@@ -57,6 +57,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from ..checksummed import decode_json, encode_json
 from ..config import StreamConfig
 from ..errors import (
     CorruptDataError,
@@ -84,13 +85,7 @@ from ..transactions import (
     check_parts,
 )
 from . import reader
-from .layout import (
-    close_quietly,
-    decode_json,
-    encode_json,
-    flocked,
-    write_durably,
-)
+from .layout import close_quietly, flocked, write_durably
 
 if TYPE_CHECKING:
     from ..maintenance.report import MaintenanceReport

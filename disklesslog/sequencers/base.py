@@ -324,6 +324,20 @@ class Sequencer(ABC):
         ``*_lease`` methods below, which keep the rules of
         :class:`~disklesslog.leases.LeaseKeeper`."""
 
+    @abstractmethod
+    def drop_lease(self, name: str, serial: int) -> bool:
+        """Remove the record of lease ``name`` if its serial is still ``serial``, raising
+        the token floor to its token in the same atomic step; see
+        :class:`~disklesslog.leases.LeaseStore`. Callers use :meth:`prune_leases`."""
+
+    @abstractmethod
+    def lease_names(self) -> list[str]:
+        """The lease names that have a record, sorted."""
+
+    @abstractmethod
+    def lease_floor(self) -> int:
+        """The token floor: the greatest token of a removed lease record (0: none)."""
+
     def acquire_lease(self, name: str, holder: str, duration_ms: int) -> Lease | None:
         """:meth:`LeaseKeeper.acquire <disklesslog.leases.LeaseKeeper.acquire>`."""
         return self.lease_keeper().acquire(name, holder, duration_ms)
@@ -340,6 +354,10 @@ class Sequencer(ABC):
         """:meth:`LeaseKeeper.holder <disklesslog.leases.LeaseKeeper.holder>`."""
         return self.lease_keeper().holder(name)
 
+    def prune_leases(self, older_than_ms: int) -> list[str]:
+        """:meth:`LeaseKeeper.prune <disklesslog.leases.LeaseKeeper.prune>`."""
+        return self.lease_keeper().prune(older_than_ms)
+
     def lease_keeper(self) -> LeaseKeeper:
         """This instance's keeper (for the package's own modules: an object log's leases
         use its sequencer's). Its observations of other holders' records are what lets
@@ -349,6 +367,15 @@ class Sequencer(ABC):
             if keeper is None:
                 keeper = self.__dict__["_leases"] = LeaseKeeper(self, self.lease_clock)
             return keeper
+
+    # -------------------------------------------------------------- housekeeping
+
+    def housekeeping(self, *, dry_run: bool = False) -> list[str]:
+        """Delete what the sequencer no longer needs of its own storage, and say what
+        went (one line each; nothing by default), or with ``dry_run`` what would.
+        Automatic maintenance calls it once per round over the log's streams; safe from
+        any process at any time."""
+        return []
 
     # ------------------------------------------------------------------ closing
 

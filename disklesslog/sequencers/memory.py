@@ -25,7 +25,13 @@ from ..errors import (
     InvalidURL,
     StreamNotFound,
 )
-from ..leases import LeaseRecord, check_lease_record
+from ..leases import (
+    LeaseRecord,
+    check_lease_record,
+    check_lease_serial,
+    raised_floor,
+    starts_above_floor,
+)
 from ..names import validate_group_name, validate_lease_name, validate_stream_name
 from .base import (
     BatchLocation,
@@ -143,6 +149,7 @@ class MemorySequencer(Sequencer):
             OrderedDict()
         )
         self._lease_records: dict[str, LeaseRecord] = {}
+        self._lease_floor = 0  # the greatest token or serial of a dropped lease record
 
     def __repr__(self) -> str:
         return f"MemorySequencer({self.url or '<private>'})"
@@ -455,8 +462,29 @@ class MemorySequencer(Sequencer):
             current = self._lease_records.get(name)
             if (0 if current is None else current.serial) != serial:
                 return False
+            if current is None and not starts_above_floor(record, self._lease_floor):
+                return False
             self._lease_records[name] = record
             return True
+
+    def drop_lease(self, name: str, serial: int) -> bool:
+        validate_lease_name(name)
+        check_lease_serial(serial)
+        with self._lock:
+            current = self._lease_records.get(name)
+            if current is None or current.serial != serial:
+                return False
+            self._lease_floor = raised_floor(self._lease_floor, current)
+            del self._lease_records[name]
+            return True
+
+    def lease_names(self) -> list[str]:
+        with self._lock:
+            return sorted(self._lease_records)
+
+    def lease_floor(self) -> int:
+        with self._lock:
+            return self._lease_floor
 
     # ---------------------------------------------------------------- snapshots
 
@@ -523,6 +551,7 @@ class MemorySequencer(Sequencer):
                     [name, r.holder, r.token, r.serial, r.duration_ms]
                     for name, r in self._lease_records.items()
                 ),
+                "lease_floor": self._lease_floor,
             }
 
     @classmethod
@@ -555,6 +584,7 @@ class MemorySequencer(Sequencer):
             seq._transactions[txn] = (at, {name: (first, end) for name, first, end in ranges})
         for name, *fields in snapshot.get("leases", ()):  # absent before leases
             seq._lease_records[name] = LeaseRecord(*fields)
+        seq._lease_floor = snapshot.get("lease_floor", 0)  # absent before pruning
         return seq
 
     # ----------------------------------------------------------------- helpers

@@ -67,7 +67,7 @@ from ..errors import (
     SequencerError,
     StorageError,
 )
-from ..leases import LeaseRecord, check_lease_record
+from ..leases import LeaseRecord, check_lease_record, check_lease_serial
 from ..names import validate_lease_name, validate_stream_name
 from ..retries import DEADLINE
 from ..storage.filesystems import open_filesystem
@@ -382,6 +382,21 @@ class ObjectStoreSequencer(Sequencer):
         op = ["swap_lease", name, serial, r.holder, r.token, r.serial, r.duration_ms]
         result: bool = self._submit(op)
         return result
+
+    def drop_lease(self, name: str, serial: int) -> bool:
+        """One ``drop_lease`` operation: every replica compares the serial, raises the
+        token floor and removes the record as it applies the entry."""
+        validate_lease_name(name)
+        result: bool = self._submit(["drop_lease", name, check_lease_serial(serial)])
+        return result
+
+    def lease_names(self) -> list[str]:
+        with self._reading() as state:
+            return state.lease_names()
+
+    def lease_floor(self) -> int:
+        with self._reading() as state:
+            return state.lease_floor()
 
     def close(self) -> None:
         self._closed = True
@@ -739,11 +754,18 @@ class ObjectStoreSequencer(Sequencer):
     def delete_superseded(self) -> int:
         """Delete entries and checkpoints that a checkpoint older than
         ``entry_retention_seconds`` supersedes; returns how many objects went. Runs on
-        its own after checkpoints; safe to call from any process at any time.
+        its own after checkpoints; safe to call from any process at any time."""
+        doomed = self._superseded()
+        for path in doomed:
+            self._storage.delete(path)
+        return len(doomed)
 
-        The superseding checkpoint is read back and verified first (its CRC; a version 1
-        one decoded whole): the entries it supersedes are the only other route to its
-        state, so they stay while it is damaged, and an older intact one is used."""
+    def _superseded(self) -> list[str]:
+        """The entries and checkpoints a checkpoint older than ``entry_retention_seconds``
+        supersedes. The superseding checkpoint is read back and verified first (its CRC;
+        a version 1 one decoded whole): the entries it supersedes are the only other
+        route to its state, so they stay while it is damaged, and an older intact one is
+        used."""
         cutoff = (self._clock() - self._retention) * 1000
         checkpoints = self._storage.checkpoints()
         keep = None
@@ -764,12 +786,20 @@ class ObjectStoreSequencer(Sequencer):
             keep = candidate
             break
         if keep is None:
-            return 0
+            return []
         doomed = [c.path for c in checkpoints if c.entry < keep.entry]
         doomed += [path for number, path in self._storage.entries() if number <= keep.entry]
-        for path in doomed:
-            self._storage.delete(path)
-        return len(doomed)
+        return doomed
+
+    def housekeeping(self, *, dry_run: bool = False) -> list[str]:
+        """:meth:`delete_superseded` (which checkpoints also run now and then): entries
+        and checkpoints go as soon as a checkpoint older than the retention supersedes
+        them, even while nothing is committed."""
+        self._check_open()
+        count = len(self._superseded()) if dry_run else self.delete_superseded()
+        if not count:
+            return []
+        return [f"deleted {count} superseded sequencer entries and checkpoints"]
 
     # ---------------------------------------------------------------- repair
 
@@ -982,6 +1012,7 @@ _OPS: dict[str, Callable[..., Any]] = {  # what each operation of objectstore_fo
     "forget_objects": MemorySequencer.forget_objects,
     "commit_offsets": MemorySequencer.commit_offsets,
     "swap_lease": _swap_lease,
+    "drop_lease": MemorySequencer.drop_lease,
     "discard": _discard,
 }
 

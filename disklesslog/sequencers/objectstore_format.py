@@ -388,6 +388,7 @@ OPERATIONS: Mapping[str, tuple[Check, ...]] = {
     "forget_objects": (_list_of_type(str),),
     "commit_offsets": (_str, _str_to_int),
     "swap_lease": (_str, _int, _opt_str, _int, _int, _int),
+    "drop_lease": (_str, _int),
     "discard": (_str,),
 }
 """Every operation an entry may hold and the checks of its arguments, in order."""
@@ -429,6 +430,7 @@ def _check_state(state: Any) -> None:
         for producer in _PRODUCERS(row[9]):
             _RUNS(producer[2])
     _LEASES(state.get("leases", []))  # absent in checkpoints before leases
+    _int(state.get("lease_floor", 0))  # absent in checkpoints before lease pruning
     transactions = state.get("transactions", [])  # absent in checkpoints before them
     for txn in _rows(str, (float, int), list)(transactions):
         _RANGES(txn[2])

@@ -104,7 +104,13 @@ from ..errors import (
     SequencerError,
     StreamNotFound,
 )
-from ..leases import LeaseRecord, check_lease_record
+from ..leases import (
+    LeaseRecord,
+    check_lease_record,
+    check_lease_serial,
+    raised_floor,
+    starts_above_floor,
+)
 from ..names import validate_group_name, validate_lease_name, validate_stream_name
 from .base import (
     NO_PRODUCER,
@@ -145,6 +151,7 @@ from .common import (
 )
 from .producers import ProducerStreamState
 from .rows import (
+    FLOOR_ROW,
     StateCache,
     StreamRow,
     Tiling,
@@ -154,6 +161,7 @@ from .rows import (
     damaged_row,
     greatest,
     json_value,
+    lease_floor,
     name_key,
     new_stream_row,
     row_crc,
@@ -478,6 +486,14 @@ class _Queries:
         "UPDATE {s}.leases SET holder = %s, token = %s, serial = %s, duration_ms = %s, crc = %s"
         " WHERE name = %s"
     )
+    # A drop locks the row, then lease_count (the order of a first swap), raises the
+    # floor row and deletes the row.
+    put_floor: str = (
+        "INSERT INTO {s}.leases (name, holder, token, serial, duration_ms, crc)"
+        " VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT (name) DO UPDATE SET"
+        " token = EXCLUDED.token, serial = EXCLUDED.serial, crc = EXCLUDED.crc"
+    )
+    delete_lease: str = "DELETE FROM {s}.leases WHERE name = %s"
     # Consumer groups: a group's row in groups counts its offset rows; it is locked
     # before any of them changes.
     claim_group: str = (
@@ -1720,9 +1736,7 @@ class PostgresSequencer(Sequencer):
             row = conn.execute(self._q.lease_row, (name,)).fetchone()
             if row is not None:
                 return self._lease(name, row)
-            rows = conn.execute(self._q.lease_count).fetchall()
-            leases = [r[2:] for r in rows if r[2] is not None]
-            check_leases(self._where, rows[0][:2], leases)
+            self._lease_rows(conn)
             return None
 
         return self._call(work)
@@ -1748,12 +1762,55 @@ class PostgresSequencer(Sequencer):
             counted = conn.execute(self._q.lock_lease_count).fetchone()
             leases = conn.execute(self._q.all_leases).fetchall()
             count = check_leases(self._where, counted, leases)
+            if not starts_above_floor(r, lease_floor(leases)[0]):
+                return False
             if conn.execute(self._q.insert_lease, (name, *values, crc)).fetchone() is None:
                 return False  # inserted by another process since this one looked
             conn.execute(self._q.put_lease_count, (count + 1, row_crc((count + 1,))))
             return True
 
         return self._call(work, transaction=True)
+
+    def drop_lease(self, name: str, serial: int) -> bool:
+        """One transaction: the row locked and compared, ``lease_count`` locked, the
+        token floor (the row named ``''``, written by the first drop) raised to the
+        row's token and serial and the row deleted."""
+        validate_lease_name(name)
+        check_lease_serial(serial)
+
+        def work(conn: Connection) -> bool:
+            row = conn.execute(self._q.lock_lease, (name,)).fetchone()
+            if row is None:
+                return False
+            current = self._lease(name, row)
+            if current.serial != serial:
+                return False
+            counted = conn.execute(self._q.lock_lease_count).fetchone()
+            leases = conn.execute(self._q.all_leases).fetchall()
+            count = check_leases(self._where, counted, leases)
+            floor, floor_serial = lease_floor(leases)
+            values = (FLOOR_ROW, None, raised_floor(floor, current), floor_serial + 1, 1)
+            conn.execute(self._q.put_floor, (*values, row_crc(values)))
+            conn.execute(self._q.delete_lease, (name,))
+            if floor_serial:  # else the floor's new row takes the dropped one's place
+                conn.execute(self._q.put_lease_count, (count - 1, row_crc((count - 1,))))
+            return True
+
+        return self._call(work, transaction=True)
+
+    def lease_names(self) -> list[str]:
+        leases = self._call(self._lease_rows)
+        return sorted(name for name, *_ in leases if name != FLOOR_ROW)
+
+    def lease_floor(self) -> int:
+        return self._call(lambda conn: lease_floor(self._lease_rows(conn))[0])
+
+    def _lease_rows(self, conn: Connection) -> list[Sequence[Any]]:
+        """Every ``leases`` row, checked against ``lease_count`` in one snapshot."""
+        rows = conn.execute(self._q.lease_count).fetchall()
+        leases = [r[2:] for r in rows if r[2] is not None]
+        check_leases(self._where, rows[0][:2], leases)
+        return leases
 
     def _lease(self, name: str, row: Sequence[Any]) -> LeaseRecord:
         if row_crc((name, *row[:4])) != row[4]:

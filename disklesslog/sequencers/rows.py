@@ -39,6 +39,7 @@ from ..errors import CorruptDataError
 from .producers import ProducerStreamState
 
 __all__ = [
+    "FLOOR_ROW",
     "INT64_MAX",
     "INT64_MIN",
     "LAYOUTS",
@@ -52,6 +53,7 @@ __all__ = [
     "damaged_row",
     "greatest",
     "json_value",
+    "lease_floor",
     "name_key",
     "new_stream_row",
     "row_crc",
@@ -238,6 +240,22 @@ def check_leases(database: str, row: Sequence[Any] | None, leases: Sequence[Sequ
             "sequencer's back",
         )
     return count
+
+
+FLOOR_ROW = ""
+"""The name of the ``leases`` row that holds the token floor (no lease has the empty
+name): its ``token`` is the greatest token of a dropped lease row, its ``serial`` how
+many drops moved it. Written by the first drop; counted in ``lease_count`` like every
+row, so its loss is reported as damage."""
+
+
+def lease_floor(leases: Sequence[Sequence[Any]]) -> tuple[int, int]:
+    """The token floor and the serial of its row (0, 0 without one) among ``leases``
+    rows ``(name, holder, token, serial, ...)`` already checked by :func:`check_leases`."""
+    for name, _holder, token, serial, *_ in leases:
+        if name == FLOOR_ROW:
+            return int(token), int(serial)
+    return 0, 0
 
 
 def json_value(text: object, kind: type, database: str, table: str, key: str) -> Any:

@@ -90,7 +90,13 @@ from ..errors import (
     SequencerError,
     StreamNotFound,
 )
-from ..leases import LeaseRecord, check_lease_record
+from ..leases import (
+    LeaseRecord,
+    check_lease_record,
+    check_lease_serial,
+    raised_floor,
+    starts_above_floor,
+)
 from ..names import validate_group_name, validate_lease_name, validate_stream_name
 from .base import (
     NO_PRODUCER,
@@ -131,6 +137,7 @@ from .common import (
 )
 from .producers import ProducerStreamState
 from .rows import (
+    FLOOR_ROW,
     StateCache,
     StreamRow,
     Tiling,
@@ -140,6 +147,7 @@ from .rows import (
     damaged_row,
     greatest,
     json_value,
+    lease_floor,
     name_key,
     new_stream_row,
     row_crc,
@@ -1535,18 +1543,37 @@ class SqliteSequencer(Sequencer):
             if (0 if current is None else current.serial) != serial:
                 return False
             if current is None:
-                count = self._lease_count(db)
-                db.execute(
-                    "UPDATE lease_count SET leases = ?, crc = ? WHERE id = 0",
-                    (count + 1, row_crc((count + 1,))),
-                )
-            values = (name, record.holder, record.token, record.serial, record.duration_ms)
-            db.execute(
-                "INSERT OR REPLACE INTO leases (name, holder, token, serial, duration_ms, crc)"
-                " VALUES (?, ?, ?, ?, ?, ?)",
-                (*values, row_crc(values)),
-            )
+                count, (floor, _), _ = self._lease_rows(db)
+                if not starts_above_floor(record, floor):
+                    return False
+                self._put_lease_count(db, count + 1)
+            self._put_lease(db, name, record)
             return True
+
+    def drop_lease(self, name: str, serial: int) -> bool:
+        """One ``BEGIN IMMEDIATE`` transaction: the row deleted and the token floor (the
+        row named ``''``, written by the first drop) raised to its token and serial."""
+        validate_lease_name(name)
+        check_lease_serial(serial)
+        with self._transaction(_WRITE) as db:
+            current = self._lease(db, name)
+            if current is None or current.serial != serial:
+                return False
+            count, (floor, floor_serial), _ = self._lease_rows(db)
+            raised = LeaseRecord(None, raised_floor(floor, current), floor_serial + 1, 1)
+            self._put_lease(db, FLOOR_ROW, raised)
+            db.execute("DELETE FROM leases WHERE name = ?", (name,))
+            if floor_serial:  # else the floor's new row takes the dropped one's place
+                self._put_lease_count(db, count - 1)
+            return True
+
+    def lease_names(self) -> list[str]:
+        with self._transaction(_SNAPSHOT) as db:
+            return self._lease_rows(db)[2]
+
+    def lease_floor(self) -> int:
+        with self._transaction(_SNAPSHOT) as db:
+            return self._lease_rows(db)[1][0]
 
     def _lease(self, db: sqlite3.Connection, name: str) -> LeaseRecord | None:
         """The verified record, or None once the rows are proven complete."""
@@ -1554,19 +1581,34 @@ class SqliteSequencer(Sequencer):
             "SELECT holder, token, serial, duration_ms, crc FROM leases WHERE name = ?", (name,)
         ).fetchone()
         if row is None:
-            self._lease_count(db)
+            self._lease_rows(db)
             return None
         if row_crc((name, *row[:4])) != row[4]:
             raise damaged_row(self.path, "leases", f"{name!r}")
         return LeaseRecord(*row[:4])
 
-    def _lease_count(self, db: sqlite3.Connection) -> int:
-        """:func:`check_leases` (every row verified and counted)."""
+    def _lease_rows(self, db: sqlite3.Connection) -> tuple[int, tuple[int, int], list[str]]:
+        """:func:`check_leases` (every row verified and counted), :func:`lease_floor`
+        and the lease names, sorted."""
         row = db.execute("SELECT leases, crc FROM lease_count WHERE id = 0").fetchone()
         rows = db.execute(
             "SELECT name, holder, token, serial, duration_ms, crc FROM leases"
         ).fetchall()
-        return check_leases(self.path, row, rows)
+        names = sorted(name for name, *_ in rows if name != FLOOR_ROW)
+        return check_leases(self.path, row, rows), lease_floor(rows), names
+
+    def _put_lease_count(self, db: sqlite3.Connection, count: int) -> None:
+        db.execute(
+            "UPDATE lease_count SET leases = ?, crc = ? WHERE id = 0", (count, row_crc((count,)))
+        )
+
+    def _put_lease(self, db: sqlite3.Connection, name: str, record: LeaseRecord) -> None:
+        values = (name, record.holder, record.token, record.serial, record.duration_ms)
+        db.execute(
+            "INSERT OR REPLACE INTO leases (name, holder, token, serial, duration_ms, crc)"
+            " VALUES (?, ?, ?, ?, ?, ?)",
+            (*values, row_crc(values)),
+        )
 
 
 # ----------------------------------------------------------------------- helpers

@@ -66,7 +66,9 @@ CATALOGUE: list[tuple[str, str]] = [
     (r"^local/groups/\.lock$", "lock-file"),
     (r"^local/groups/[^/]+\.lock$", "lock-file"),
     (r"^local/leases/[^/]+\.json$", "lease"),
+    (r"^local/leases/\.lock$", "lock-file"),
     (r"^local/leases/[^/]+\.lock$", "lock-file"),
+    (r"^local/leases\.json$", "lease-index"),
     (r"^local/transactions/\.lock$", "lock-file"),
     (r"^local/transactions/[0-9a-f]{64}\.json$", "transaction-record"),
     (r"^local/transactions/pending/[0-9a-f]{64}\.parts$", "transaction-parts"),
@@ -112,6 +114,7 @@ REQUIRED = {
     "cache-block",
     "group-offsets",
     "lease",
+    "lease-index",
     "transaction-record",
     "stream-config",
     "tier-segment",
@@ -358,6 +361,7 @@ def observations(subject: Subject, log: AbstractLog) -> Iterator[tuple[str, Call
     for group in subject.groups:
         yield f"committed:{group}", lambda g=group: log.committed_offsets(g)
     yield "lease", lambda: _holder(log)
+    yield "lease:untaken", lambda: log.lease_holder("untaken")  # checks the lease index
     for name in subject.streams:
         stream = log.stream(name)
 

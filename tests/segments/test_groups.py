@@ -13,7 +13,7 @@ import pytest
 
 import disklesslog
 from disklesslog import CorruptDataError
-from disklesslog.segments.layout import decode_json
+from disklesslog.checksummed import decode_json
 
 SPAWN = multiprocessing.get_context("spawn")
 COMMITS = 150

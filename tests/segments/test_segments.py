@@ -14,8 +14,9 @@ import pytest
 
 import disklesslog
 from disklesslog import InvalidURL, Record, StorageError
+from disklesslog.checksummed import decode_json
 from disklesslog.segments import stream_store as store_module
-from disklesslog.segments.layout import MARKER, STATE, StreamState, decode_json, segment_name
+from disklesslog.segments.layout import MARKER, STATE, StreamState, segment_name
 
 
 def _stream_dir(root: Path, name: str = "s") -> Path:

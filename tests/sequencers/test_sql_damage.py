@@ -741,3 +741,25 @@ def test_row_checksums_follow_the_spec(golden: Golden, tmp_path: Path) -> None:
                 assert crc32c.crc32c(msgpack.packb(values)) == crc, (table, values)
                 checked += 1
     assert checked > 100  # every table, with more than one row in most
+
+
+def test_pruning_raises_the_token_floor_row_whose_loss_is_damage(database: Database) -> None:
+    """A drop deletes a lease's row and raises the token floor (the row named ``''``) in
+    one transaction: the name taken again starts above every token it had. The floor
+    row is checksummed and counted in ``lease_count`` like the others, so losing it
+    (which would let pruned names start again at 1) is damage."""
+    with database.open() as seq:
+        assert seq.prune_leases(0) == ["released"]  # "held" is held
+        assert (seq.lease_names(), seq.lease_floor()) == (["held"], 2)  # token 1, serial 2
+        again = seq.acquire_lease("released", "worker-3", 60_000)
+        assert again is not None and again.token == 3
+        seq.release_lease(again)
+        assert seq.prune_leases(0) == ["released"]
+    floor = ("", None, 4, 2, 1)  # above token 3 and serial 4
+    assert database.run(
+        "SELECT name, holder, token, serial, duration_ms, crc FROM {t}leases WHERE name = ''", ()
+    ) == [(*floor, row_crc(floor))]
+    assert database.run("SELECT leases FROM {t}lease_count", ()) == [(2,)]  # held, floor
+    database.run("DELETE FROM {t}leases WHERE name = ''", ())
+    _expect_damage(database, "leases", lambda seq: seq.acquire_lease("released", "w", 1_000))
+    _expect_damage(database, "leases", lambda seq: seq.lease_names())

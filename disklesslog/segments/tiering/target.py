@@ -39,6 +39,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+from ...checksummed import encode_json
 from ...errors import ConfigError, CorruptDataError, DataLossError, InvalidURL, StorageError
 from ...format import crc32c
 from ...markers import MARKER, check_marker
@@ -48,7 +49,7 @@ from ...storage.atomic import fsync_directory, replace_file
 from ...storage.cache import default_cache
 from ...storage.filesystems import is_memory, open_filesystem
 from ...storage.store import ObjectStore
-from ..layout import TMP, encode_json, read_json
+from ..layout import TMP, read_json
 
 __all__ = ["CONFIG_FILE", "STREAMS_PREFIX", "Tier", "configure_tier", "persisted_tier_url"]
 

@@ -3,9 +3,10 @@
 Each suite is a class whose tests a test module inherits by subclassing it, with a
 name pytest collects (``Test...``) and the one method that opens the thing under test:
 
-* :class:`LogContract`, :class:`ConsumerContract`, :class:`TransactionContract` and
-  :class:`CompactionContract`: ``open_log(path, options, request)`` (see
-  :class:`~.fixtures.LogFixtures`), one definition shared by the four;
+* :class:`LogContract`, :class:`ConsumerContract`, :class:`TransactionContract`,
+  :class:`CompactionContract` and :class:`MaintenanceContract`: ``open_log(path,
+  options, request)`` (see :class:`~.fixtures.LogFixtures`), one definition shared by
+  the five;
 * :class:`SequencerContract`: ``open_sequencer(path, clock, request)``.
 
 The project runs them on each of its own backends and sequencers (``tests/``), and
@@ -17,6 +18,7 @@ from .compaction import CompactionContract
 from .consumer import ConsumerContract
 from .fixtures import LogFactory, LogFixtures
 from .log import LogContract
+from .maintenance import MaintenanceContract
 from .sequencer import FakeClock, SequencerContract
 from .transaction import TransactionContract
 
@@ -27,6 +29,7 @@ __all__ = [
     "LogContract",
     "LogFactory",
     "LogFixtures",
+    "MaintenanceContract",
     "SequencerContract",
     "TransactionContract",
 ]

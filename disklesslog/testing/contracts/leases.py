@@ -119,3 +119,71 @@ class LeaseContract:
         won = [r for r in results if r is not None]
         assert len(won) == 1 and won[0].token == 1
         assert lease_owner.lease_holder("m").holder == won[0].holder
+
+    def test_pruned_lease_acquired_again_gets_a_greater_token(self, lease_owner: Any) -> None:
+        first = lease_owner.acquire_lease("m", "a", self.LEASE_MS)
+        lease_owner.release_lease(first)
+        second = lease_owner.acquire_lease("m", "b", self.LEASE_MS)
+        lease_owner.release_lease(second)
+        kept = lease_owner.acquire_lease("k", "a", self.LEASE_MS)
+        assert lease_owner.prune_leases(0) == ["m"]  # released: removed; held: kept
+        assert lease_owner.prune_leases(0) == []
+        assert lease_owner.lease_holder("m") is None
+        with pytest.raises(LeaseLost):
+            lease_owner.renew_lease(second)
+        again = lease_owner.acquire_lease("m", "a", self.LEASE_MS)
+        assert again is not None and again.token > second.token
+        assert lease_owner.renew_lease(kept).token == kept.token
+
+    def test_pruning_never_removes_a_held_lease(
+        self, lease_owner: Any, wait: Callable[[float], None]
+    ) -> None:
+        held = lease_owner.acquire_lease("m", "a", self.LEASE_MS)
+        assert lease_owner.prune_leases(0) == []
+        assert lease_owner.renew_lease(held).token == held.token
+        released = lease_owner.acquire_lease("r", "a", self.LEASE_MS)
+        lease_owner.release_lease(released)
+        assert lease_owner.prune_leases(self.LEASE_MS) == []  # not seen released long enough
+        wait(self.LEASE_MS / 1000)
+        assert lease_owner.prune_leases(self.LEASE_MS) == ["m", "r"]  # m expired unrenewed
+        with pytest.raises(LeaseLost):
+            lease_owner.renew_lease(held)
+        taken = lease_owner.acquire_lease("m", "b", self.LEASE_MS)
+        assert taken is not None and taken.token > held.token
+
+    def test_prune_age_is_checked(self, lease_owner: Any) -> None:
+        lease = lease_owner.acquire_lease("m", "a", self.LEASE_MS)
+        lease_owner.release_lease(lease)
+        for age in (-1, 1.5, "0", None, True):
+            with pytest.raises(ConfigError):
+                lease_owner.prune_leases(age)
+        assert lease_owner.lease_keeper().verify() == (1, [])  # nothing was removed
+
+    def test_tokens_stay_unique_while_threads_acquire_release_and_prune(
+        self, lease_owner: Any
+    ) -> None:
+        """A drop racing with a first acquire of the same name cannot slip a token at or
+        below the floor in: every token handed out for the name is new."""
+        tokens: list[int] = []
+        errors: list[BaseException] = []
+        start = threading.Barrier(4)
+
+        def churn(i: int) -> None:
+            try:
+                start.wait()
+                for _ in range(8):
+                    lease = lease_owner.acquire_lease("m", f"h{i}", self.LEASE_MS)
+                    if lease is not None:
+                        tokens.append(lease.token)
+                        lease_owner.release_lease(lease)
+                    lease_owner.prune_leases(0)
+            except BaseException as exc:  # reported below
+                errors.append(exc)
+
+        threads = [threading.Thread(target=churn, args=(i,)) for i in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert not errors
+        assert tokens and len(set(tokens)) == len(tokens)

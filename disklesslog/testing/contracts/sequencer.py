@@ -1293,3 +1293,34 @@ class SequencerContract(LeaseContract):
             with pytest.raises(ConfigError):
                 sequencer.swap_lease("m", serial, bad)
         assert sequencer.read_lease("m") == LeaseRecord(None, 1, 2, 1_000)
+        for bad_serial in (0, -1, 1.0, True):
+            with pytest.raises(ConfigError):
+                sequencer.drop_lease("m", bad_serial)  # type: ignore[arg-type]
+        assert not sequencer.drop_lease("m", 1)  # the serial moved on
+        assert not sequencer.drop_lease("other", 1)
+        assert sequencer.lease_names() == ["m"]
+
+    def test_a_swap_from_a_serial_read_before_pruning_misses_the_new_record(
+        self, sequencer: Sequencer
+    ) -> None:
+        """A drop raises the token floor above the record's token and serial, and a
+        name's first record starts above it: a contender that read the record before
+        the drop cannot swap it (its serial never comes back) nor drop the new one."""
+        lease = sequencer.acquire_lease("m", "a", 10_000)
+        assert lease is not None
+        sequencer.release_lease(lease)
+        stale = sequencer.read_lease("m")
+        assert stale == LeaseRecord(None, 1, 2, 10_000)
+        assert sequencer.prune_leases(0) == ["m"]
+        assert (sequencer.lease_names(), sequencer.lease_floor()) == ([], 2)
+        again = sequencer.acquire_lease("m", "b", 10_000)
+        assert again is not None and again.token == 3
+        sequencer.release_lease(again)
+        assert sequencer.read_lease("m") == LeaseRecord(None, 3, 4, 10_000)
+        takeover = LeaseRecord("c", stale.token + 1, stale.serial + 1, 10_000)
+        assert not sequencer.swap_lease("m", stale.serial, takeover)
+        assert not sequencer.drop_lease("m", stale.serial)
+        for first in (LeaseRecord("c", 2, 3, 1_000), LeaseRecord("c", 3, 2, 1_000)):
+            assert not sequencer.swap_lease("n", 0, first)  # token or serial at the floor
+        assert sequencer.swap_lease("n", 0, LeaseRecord("c", 3, 3, 1_000))
+        assert sequencer.lease_names() == ["m", "n"]

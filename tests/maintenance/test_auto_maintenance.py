@@ -1,0 +1,252 @@
+"""Automatic maintenance beyond the contract: processes that share the maintenance lease
+(one maintains at a time; SIGKILL hands it over), appends that never wait for a step,
+closing during a step, and options refused before anything is created.
+
+``tests/conformance/test_maintenance_contract.py`` runs the contract on every backend."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import fsspec
+import pytest
+
+import disklesslog
+from disklesslog import ConfigError
+from disklesslog.maintenance import auto
+from disklesslog.maintenance.auto import MIN_LEASE_MS
+from disklesslog.sequencers.objectstore import ObjectStoreSequencer
+
+WORKER = Path(__file__).with_name("auto_workers.py")
+INTERVAL_MS = 100
+
+LOGS = {
+    "segments": lambda path: (str(path / "log"), {"fsync": "never"}),
+    "objects-sqlite": lambda path: (f"file://{path}/log", {"backend": "objects"}),
+}
+
+
+def _samples(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    lines = path.read_text().splitlines()
+    return [json.loads(line) for line in lines if line.endswith("}")]
+
+
+def _wait_for(condition: Any, seconds: float, what: str) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, f"not within {seconds} s: {what}"
+        time.sleep(0.05)
+
+
+@pytest.mark.parametrize("kind", sorted(LOGS))
+def test_two_writer_processes_one_maintainer_and_sigkill_hands_over(
+    tmp_path: Path, kind: str
+) -> None:
+    url, options = LOGS[kind](tmp_path)
+    options["maintenance_interval_ms"] = INTERVAL_MS
+    disklesslog.open(url, **options, maintenance="off").close()  # created once, up front
+    outs = [tmp_path / "a.jsonl", tmp_path / "b.jsonl"]
+    env = {**os.environ, "PYTHONPATH": str(WORKER.parent)}
+    children = [
+        subprocess.Popen([sys.executable, str(WORKER), url, json.dumps(options), str(out)], env=env)
+        for out in outs
+    ]
+    try:
+        _wait_for(
+            lambda: any(s["passes"] for out in outs for s in _samples(out)),
+            60,
+            "one of the writers maintains",
+        )
+        time.sleep(1.0)  # both keep writing; the other must stay out
+        first = [any(s["maintaining"] for s in _samples(out)) for out in outs]
+        assert first.count(True) == 1, first
+        holder_no = first.index(True)
+        other_no = 1 - holder_no
+        token = max(s["token"] for s in _samples(outs[holder_no]) if s["token"])
+        killed_at = time.time()
+        children[holder_no].send_signal(signal.SIGKILL)
+        children[holder_no].wait()
+        # The dead holder never releases: the other waits out the lease by its own clock.
+        limit = (MIN_LEASE_MS + 2 * 3 * INTERVAL_MS) / 1000 + 20
+        _wait_for(
+            lambda: any(s["passes"] for s in _samples(outs[other_no])),
+            limit,
+            "the survivor takes maintenance over and runs a pass",
+        )
+    finally:
+        for child in children:
+            child.kill()
+            child.wait()
+    dead, survivor = _samples(outs[holder_no]), _samples(outs[other_no])
+    # The lease history: one maintainer at a time, the survivor only after the kill,
+    # with a greater fencing token, and the dead one held a single token throughout.
+    assert {s["token"] for s in dead if s["maintaining"]} == {token}
+    taken = [s for s in survivor if s["maintaining"]]
+    assert taken and min(s["t"] for s in taken) > killed_at
+    assert {s["token"] for s in taken} == {token + 1}
+    assert not any(s["maintaining"] for s in survivor if s["t"] < killed_at)
+    assert max(s["passes"] for s in survivor) >= 1
+
+
+def test_appends_never_wait_for_a_maintenance_step(tmp_path: Path) -> None:
+    """A step that takes long (here: blocked) holds nothing an append waits on, and
+    closing waits for that step, then stops."""
+    log = disklesslog.open(tmp_path / "log", fsync="never", maintenance_interval_ms=INTERVAL_MS)
+    inside, release = threading.Event(), threading.Event()
+    real = log.apply_retention
+
+    def slow(*args: Any, **kwargs: Any) -> Any:
+        inside.set()
+        release.wait(30)
+        return real(*args, **kwargs)
+
+    log.apply_retention = slow  # type: ignore[method-assign]
+    stream = log.stream("s")
+    stream.append(b"first")
+    assert inside.wait(30), "maintenance never started its step"
+    latencies = []
+    for i in range(500):
+        started = time.perf_counter()
+        stream.append(b"%d" % i)
+        latencies.append(time.perf_counter() - started)
+    assert max(latencies) < 1.0  # microseconds each, in practice
+    assert stream.end_offset == 501
+    closer = threading.Thread(target=log.close)
+    closer.start()
+    closer.join(0.5)
+    assert closer.is_alive(), "close must let the running step finish"
+    release.set()
+    closer.join(30)
+    assert not closer.is_alive() and log.closed
+    assert not [t for t in threading.enumerate() if t.name.startswith("disklesslog-maint")]
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"maintenance": "on"},
+        {"maintenance": None},
+        {"maintenance_interval_ms": -5},
+        {"maintenance_interval_ms": 10**12},
+        {"maintenance_interval_ms": True},
+    ],
+)
+@pytest.mark.parametrize("kind", sorted(LOGS))
+def test_bad_options_create_nothing(tmp_path: Path, kind: str, options: dict[str, Any]) -> None:
+    url, base = LOGS[kind](tmp_path)
+    with pytest.raises(ConfigError, match="maintenance"):
+        disklesslog.open(url, **base, **options)
+    assert not (tmp_path / "log").exists()
+
+
+def test_a_misspelt_option_is_named() -> None:
+    with pytest.raises(ConfigError, match="did you mean 'maintenance_interval_ms'"):
+        disklesslog.open("memory://misspelt/log", maintenance_intervals_ms=100)
+
+
+def test_maintain_runs_the_sequencers_housekeeping(tmp_path: Path) -> None:
+    """The object-store sequencer deletes superseded entries and checkpoints in
+    housekeeping, which maintain() and automatic maintenance run."""
+    url = f"file://{tmp_path}/log"
+    fs = fsspec.filesystem("file")
+    sequencer = ObjectStoreSequencer(
+        fs, str(tmp_path / "sequencer"), checkpoint_every=10, entry_retention_seconds=0.5
+    )
+    with (
+        sequencer,
+        disklesslog.open(url, backend="objects", sequencer=sequencer, maintenance="off") as log,
+    ):
+        for i in range(50):
+            log.stream("s").append(b"%d" % i)
+        before = len(list((tmp_path / "sequencer").rglob("*")))
+        time.sleep(0.6)  # the last checkpoint (of entry 50) is past the retention now
+        report = log.maintain()
+        after = len(list((tmp_path / "sequencer").rglob("*")))
+    assert any("superseded sequencer entries" in line for line in report.actions), report
+    assert after < before
+
+
+def test_a_forked_child_runs_its_own_maintenance(tmp_path: Path) -> None:
+    """A child forked from a maintaining process holds none of its leases and no thread,
+    until it writes itself."""
+    log = disklesslog.open(tmp_path / "log", fsync="never", maintenance_interval_ms=INTERVAL_MS)
+    log.stream("s").append(b"parent")
+    _wait_for(lambda: log.maintenance_status().maintaining, 30, "the parent maintains")
+    pid = os.fork()
+    if pid == 0:  # the child: report through the exit status only
+        status = 1
+        try:
+            before = log.maintenance_status()
+            log.stream("s").append(b"child")
+            after = log.maintenance_status()
+            log.close()
+            if not before.running and not before.maintaining and after.running:
+                status = 0
+        finally:
+            os._exit(status)
+    _, code = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(code) == 0
+    assert log.maintenance_status().maintaining  # the child's close released nothing of ours
+    log.close()
+
+
+def test_automatic_maintenance_runs_the_housekeeping(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Superseded object-store sequencer entries go without any call (the log-wide steps
+    made to run every round, not at most once a minute)."""
+    monkeypatch.setattr(auto, "LOG_WIDE_EVERY_MS", 0)
+    fs = fsspec.filesystem("file")
+    sequencer = ObjectStoreSequencer(
+        fs, str(tmp_path / "sequencer"), checkpoint_every=10, entry_retention_seconds=0.5
+    )
+    with (
+        sequencer,
+        disklesslog.open(
+            f"file://{tmp_path}/log",
+            backend="objects",
+            sequencer=sequencer,
+            maintenance_interval_ms=INTERVAL_MS,
+        ) as log,
+    ):
+        for i in range(50):
+            log.stream("s").append(b"%d" % i)
+
+        def deleted() -> bool:
+            changed = log.maintenance_status().operations["housekeeping"].last_changed
+            return changed is not None and "superseded sequencer entries" in changed
+
+        _wait_for(deleted, 30, "housekeeping deleted superseded entries")
+
+
+def test_automatic_maintenance_prunes_released_leases(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(auto, "LOG_WIDE_EVERY_MS", 0)
+    monkeypatch.setattr(auto, "LEASE_PRUNE_AFTER_MS", 1)
+    with disklesslog.open(
+        tmp_path / "log", fsync="never", maintenance_interval_ms=INTERVAL_MS
+    ) as log:
+        lease = log.acquire_lease("job", "worker-1", 60_000)
+        assert lease is not None
+        log.release_lease(lease)
+        log.stream("s").append(b"x")
+
+        def pruned() -> bool:
+            changed = log.maintenance_status().operations["leases"].last_changed
+            return changed == "pruned the records of released leases job"
+
+        _wait_for(pruned, 30, "the released lease's record is pruned")
+        again = log.acquire_lease("job", "worker-2", 60_000)
+        assert again is not None and again.token > lease.token
+        assert log.maintenance_status().holder is not None  # its own lease stays
