@@ -100,6 +100,10 @@ def target(request: pytest.FixtureRequest) -> Target:
 
 
 def _open(path: Path, target: Target, **options: Any) -> disklesslog.Log:
+    """The test's log; automatic maintenance off, so that only the tiering each test
+    calls (or kills) runs: a long test would otherwise see its own background pass tier
+    what a killed child was counted on to tier."""
+    options.setdefault("maintenance", "off")
     return disklesslog.open(
         path,
         fsync="never",
@@ -793,6 +797,7 @@ def test_sigkill_while_tiering_loses_nothing(tmp_path: Path, rounds: int) -> Non
     rng = random.Random(1234)
     log = disklesslog.open(
         path,
+        maintenance="off",  # only the killed child tiers: the calibration counts its calls
         fsync="never",  # SIGKILL is a process crash: the OS keeps what was written
         tier_url=target.url,
         segment_bytes=1024,

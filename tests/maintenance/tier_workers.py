@@ -33,7 +33,7 @@ import disklesslog
 
 
 def _open(directory: str, options: dict[str, object]) -> disklesslog.Log:
-    return disklesslog.open(directory, create=False, **options)
+    return disklesslog.open(directory, create=False, **{"maintenance": "off", **options})
 
 
 def tier(directory: str, options: dict[str, object]) -> None:
