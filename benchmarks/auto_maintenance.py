@@ -26,13 +26,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from common import rss_mb, tree_size
 
 import disklesslog
 
@@ -45,24 +46,6 @@ def _kinds(root: Path) -> dict[str, tuple[str, dict[str, Any]]]:
         "local (fsync=never)": (str(root / "local"), {"fsync": "never", "segment_bytes": 64 << 10}),
         "object, file:// + SQLite": (f"file://{root}/objects", {"backend": "objects"}),
     }
-
-
-def _tree(path: Path) -> tuple[int, int]:
-    """Bytes and files under ``path``."""
-    size = files = 0
-    for directory, _, names in os.walk(path):
-        for name in names:
-            try:
-                size += os.stat(os.path.join(directory, name)).st_size
-            except FileNotFoundError:
-                continue
-            files += 1
-    return size, files
-
-
-def _rss_mb() -> float:
-    with open("/proc/self/statm") as statm:
-        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 1e6
 
 
 def _percentile(samples: list[float], q: float) -> float:
@@ -159,15 +142,15 @@ def soak(seconds: float, sample_every: float) -> dict[str, Any]:
                 n += 1
                 if now >= next_sample:
                     for kind, log, path in logs:
-                        size, files = _tree(path)
-                        sequencer = _tree(path / "_sequencer")
+                        size, files = tree_size(path)
+                        sequencer = tree_size(path / "_sequencer")
                         results[kind].append(
                             {
                                 "t": round(now - started),
                                 "bytes": size,
                                 "files": files,
                                 "sequencer_bytes": sequencer[0] + _sqlite_bytes(path),
-                                "rss_mb": _rss_mb(),
+                                "rss_mb": rss_mb(),
                                 "records": sum(
                                     log.stream(f"s{i}").end_offset
                                     - log.stream(f"s{i}").start_offset

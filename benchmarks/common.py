@@ -17,6 +17,7 @@ from __future__ import annotations
 import gc
 import os
 import platform
+import resource
 import shutil
 import statistics
 import subprocess
@@ -527,3 +528,38 @@ def source_state() -> str:
     if dirty:
         return f"commit {commit} + uncommitted changes in {len(dirty)} file(s) of disklesslog/"
     return f"commit {commit}"
+
+
+# ------------------------------------------------------------ process and storage sizes
+
+
+def rss_mb() -> float:
+    """This process's resident set now, in MB (``/proc/self/statm``)."""
+    with open("/proc/self/statm") as statm:
+        pages = int(statm.read().split()[1])
+    return pages * os.sysconf("SC_PAGE_SIZE") / 1e6
+
+
+def peak_rss_kib() -> int:
+    """This process's peak resident set in KiB: Linux's ``VmHWM``, which starts afresh
+    at ``exec``. Not ``getrusage``'s ``ru_maxrss`` (only the fallback): Linux carries it
+    over from the forking parent across ``exec``, so a child of a large writer would
+    report the writer's size."""
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1])
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+
+
+def tree_size(root: Path) -> tuple[int, int]:
+    """(bytes, files) under ``root`` (0, 0 if missing)."""
+    size = files = 0
+    for directory, _, names in os.walk(root):
+        for name in names:
+            try:
+                size += os.stat(os.path.join(directory, name)).st_size
+                files += 1
+            except FileNotFoundError:
+                continue  # deleted while walking (garbage collection)
+    return size, files

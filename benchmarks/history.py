@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import resource
 import subprocess
 import sys
@@ -37,29 +36,15 @@ import time
 from pathlib import Path
 from typing import Any
 
-from common import Scratch, cpu_busy, machine_info
+from common import Scratch, cpu_busy, machine_info, peak_rss_kib, rss_mb, tree_size
 
 STREAMS = 100
 VALUE = b"v" * 100
 DEFAULT_POINTS = (10_000, 25_000, 50_000, 100_000, 250_000, 500_000, 1_000_000)
 
 
-def _rss_mb() -> float:
-    """This process's resident set now, in MB (from /proc/self/statm)."""
-    with open("/proc/self/statm") as f:
-        pages = int(f.read().split()[1])
-    return pages * os.sysconf("SC_PAGE_SIZE") / 1e6
-
-
 def _peak_rss_mb() -> float:
-    """This process's peak resident set in MB: VmHWM, which starts afresh at exec. (Not
-    ``getrusage``'s ru_maxrss: Linux carries it over from the forking parent across
-    exec, so a child of a large writer would report the writer's size.)"""
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1e3  # kB
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e3  # KiB on Linux
+    return peak_rss_kib() / 1e3
 
 
 def _ru_maxrss_mb() -> float:
@@ -78,18 +63,18 @@ def child(url: str, sequencer_url: str, stream: str, profile: int) -> None:
     import disklesslog
 
     import_s = time.perf_counter() - started
-    rss_imported = _rss_mb()
+    rss_imported = rss_mb()
     if profile:
         tracemalloc.start(25)
     started = time.perf_counter()
     log = disklesslog.open(url, **_open_options(sequencer_url))
     opened_s = time.perf_counter() - started
-    rss_open = _rss_mb()
+    rss_open = rss_mb()
     s = log.stream(stream)
     end = s.end_offset
     last = list(s.read(end - 1, end)) if end > s.start_offset else []
     total_s = time.perf_counter() - started
-    rss_read = _rss_mb()
+    rss_read = rss_mb()
     top: list[dict[str, Any]] = []
     if profile:
         snapshot = tracemalloc.take_snapshot()
@@ -135,19 +120,6 @@ def fresh_open(url: str, sequencer_url: str, stream: str, profile: int) -> dict[
         raise SystemExit(f"the fresh process failed ({out.returncode}):\n{out.stderr}")
     result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
     return result
-
-
-def tree_size(root: Path) -> tuple[int, int]:
-    """(bytes, files) under ``root`` (0, 0 if missing)."""
-    size = files = 0
-    for directory, _, names in os.walk(root):
-        for name in names:
-            try:
-                size += os.stat(os.path.join(directory, name)).st_size
-                files += 1
-            except FileNotFoundError:
-                continue  # deleted while walking (garbage collection)
-    return size, files
 
 
 def storage(log_dir: Path, sequencer: str, db: Path) -> dict[str, int]:
@@ -225,7 +197,7 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
                 "step_s": step_s,
                 "step_maintain_s": step_maintain,
                 "step_maintains": maintains,
-                "writer_rss_mb": _rss_mb(),
+                "writer_rss_mb": rss_mb(),
                 "background_cpu_busy": cpu_busy(),
             }
             row.update(storage(log_dir, args.sequencer, db))

@@ -45,7 +45,6 @@ import json
 import os
 import platform
 import random
-import resource
 import shutil
 import statistics
 import subprocess
@@ -55,6 +54,8 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+from common import peak_rss_kib
 
 KINDS = ("segments", "sqlite", "objectstore", "postgres")
 VALUE = b"x" * 100
@@ -66,11 +67,7 @@ def _rss_mb() -> float:
     Linux's ``VmHWM`` (``/proc/self/status``), which starts afresh at ``exec``: the
     child's ``getrusage`` ``ru_maxrss`` keeps the peak of the parent it was forked from
     (here the building process, hundreds of MB), so it is only the fallback."""
-    with contextlib.suppress(OSError), open("/proc/self/status") as status:
-        for line in status:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return peak_rss_kib() / 1024
 
 
 def _child(spec: dict[str, Any]) -> None:

@@ -32,6 +32,7 @@ explicit calls (``log.maintain()``, the CLI) remain for cron jobs and one-off ru
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import socket
@@ -71,6 +72,7 @@ __all__ = [
     "OperationStatus",
     "check_maintenance",
     "decode_status",
+    "encode_status",
 ]
 
 log = logging.getLogger(__name__)
@@ -173,17 +175,7 @@ class MaintenanceStatus:
     operations: dict[str, OperationStatus] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "mode": self.mode,
-            "interval_ms": self.interval_ms,
-            "running": self.running,
-            "maintaining": self.maintaining,
-            "holder": self.holder,
-            "token": self.token,
-            "passes": self.passes,
-            "last_pass_ms": self.last_pass_ms,
-            "operations": {name: vars(op) for name, op in self.operations.items()},
-        }
+        return dataclasses.asdict(self)
 
 
 class _Stopped(Exception):
@@ -261,14 +253,7 @@ class Maintainer:
                 passes=self._passes,
                 last_pass_ms=self._last_pass_ms,
                 operations={
-                    name: OperationStatus(
-                        op.runs,
-                        op.errors,
-                        op.last_run_ms,
-                        op.last_error,
-                        op.last_changed,
-                        dict(op.totals),
-                    )
+                    name: dataclasses.replace(op, totals=dict(op.totals))
                     for name, op in self._operations.items()
                     if name not in self._inapplicable
                 },
@@ -380,10 +365,8 @@ class Maintainer:
 
     def _store_status(self) -> None:
         """Leave the status where ``describe`` finds it; a failure only leaves it stale."""
-        status = self.status(self.holder).to_dict()
-        document = {"version": STATUS_VERSION, "status": status}
         try:
-            self._log.write_maintenance_status(encode_json(document))
+            self._log.write_maintenance_status(encode_status(self.status(self.holder)))
         except Exception:
             log.warning("%s: could not store the maintenance status", self._log.url, exc_info=True)
 
@@ -465,6 +448,11 @@ def _after_fork_in_child() -> None:
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def encode_status(status: MaintenanceStatus) -> bytes:
+    """The bytes of :data:`STATUS_FILE`: checksummed JSON (``docs/format.md`` 2.10)."""
+    return encode_json({"version": STATUS_VERSION, "status": status.to_dict()})
 
 
 def decode_status(raw: bytes, source: str) -> MaintenanceStatus:

@@ -32,6 +32,7 @@ from unittest import mock
 
 import disklesslog
 from disklesslog import AbstractLog
+from disklesslog.maintenance.auto import encode_status
 from disklesslog.sequencers.objectstore import ObjectStoreSequencer
 from disklesslog.storage.cache import BlockCache, default_cache
 
@@ -75,6 +76,7 @@ CATALOGUE: list[tuple[str, str]] = [
     (r"^local/transactions/pending/[0-9a-f]{64}\.json$", "transaction-notes"),
     (r"^local/staged/[^/]+\.staged$", "staged-file"),
     (r"^local/tier\.json$", "tier-config"),
+    (r"^local/maintenance\.json$", "maintenance-status"),
     # the local log's tier (objects on file://)
     (r"^tier/[^/]+$", "tier-owner-marker"),
     (r"^tier/streams/.+\.log$", "tier-segment"),
@@ -82,6 +84,7 @@ CATALOGUE: list[tuple[str, str]] = [
     (r"^tier/streams/.+\.timeindex$", "tier-time-index"),
     # object logs (docs/format.md section 3)
     (r"^objects-[a-z]+/disklesslog\.json$", "log-marker"),
+    (r"^objects-[a-z]+/maintenance\.json$", "maintenance-status"),
     (r"^objects-[a-z]+/objects/\d{20}-[0-9a-f]{16}$", "object-wal"),
     (r"^objects-[a-z]+/objects/\d{20}-[0-9a-f]{16}\.merged$", "object-merged"),
     (r"^objects-[a-z]+/objects/\d{20}-[0-9a-f]{16}\.compacted$", "object-compacted"),
@@ -115,6 +118,7 @@ REQUIRED = {
     "group-offsets",
     "lease",
     "lease-index",
+    "maintenance-status",
     "transaction-record",
     "stream-config",
     "tier-segment",
@@ -184,6 +188,8 @@ def _take_lease(log: AbstractLog) -> None:
     assert first is not None
     log.release_lease(first)
     assert log.acquire_lease(LEASE, "builder-2", 3_600_000) is not None
+    # The status a maintaining process stores after a pass (maintenance.json).
+    log.write_maintenance_status(encode_status(log.maintenance_status()))
 
 
 def _fill(log: AbstractLog, rounds: int, per_round: int, *, serial: list[int]) -> None:
@@ -362,6 +368,7 @@ def observations(subject: Subject, log: AbstractLog) -> Iterator[tuple[str, Call
         yield f"committed:{group}", lambda g=group: log.committed_offsets(g)
     yield "lease", lambda: _holder(log)
     yield "lease:untaken", lambda: log.lease_holder("untaken")  # checks the lease index
+    yield "maintenance", log.last_maintenance
     for name in subject.streams:
         stream = log.stream(name)
 

@@ -180,7 +180,7 @@ def test_damaged_lease_index_is_reported_and_kept(tmp_path: Path) -> None:
 
 def _version_1_file(root: Path, name: str, holder: str | None, token: int) -> None:
     """A lease file as releases before the index wrote it (and no index)."""
-    from disklesslog.segments.layout import encode_json
+    from disklesslog.checksummed import encode_json
 
     (root / "leases").mkdir(exist_ok=True)
     content = {
@@ -225,7 +225,7 @@ def test_lease_file_not_yet_listed_is_adopted(tmp_path: Path) -> None:
     index does not list: it is a lease like any other, listed at the next change."""
     log = _two_leases(tmp_path)
     index = tmp_path / "leases.json"
-    from disklesslog.segments.layout import encode_json
+    from disklesslog.checksummed import encode_json
 
     index.write_bytes(encode_json({"version": 1, "names": ["m"], "token_floor": 0}))
     held = log.lease_holder("n")
