@@ -29,8 +29,10 @@ applied.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import math
+import operator
 import struct
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -310,9 +312,11 @@ def _rows(*types: type | tuple[type, ...]) -> Check:
     """An array of fixed-length arrays (rows) whose items have exactly these types (a
     tuple: any of them). Checked column by column in C, with no Python call per row
     (this runs for every batch of every entry replayed and of every checkpoint loaded):
-    every row a list of the right length, then the set of types in each column."""
+    every row a list of the right length, then the set of types in each column (read
+    with ``itemgetter``: twice as fast as transposing the rows with ``zip``)."""
     columns = [{t} if isinstance(t, type) else set(t) for t in types]
     width = len(columns)
+    getters = [(operator.itemgetter(i), allowed) for i, allowed in enumerate(columns)]
 
     def check(value: Any) -> Any:
         if type(value) is not list:
@@ -320,7 +324,7 @@ def _rows(*types: type | tuple[type, ...]) -> Check:
         if value and not (
             set(map(type, value)) == {list}
             and set(map(len, value)) == {width}
-            and all(set(map(type, c)) <= a for c, a in zip(zip(*value), columns, strict=True))
+            and all(set(map(type, map(column, value))) <= a for column, a in getters)
         ):
             bad = next(row for row in value if not _row_fits(row, columns))
             raise _Shape(f"a row {_show(bad)} is not [{', '.join(map(_name, types))}]")
@@ -423,12 +427,15 @@ def _check_state(state: Any) -> None:
         check(state[name])
     for _, offsets in state["groups"]:
         _OFFSETS(offsets)
-    for row in _STREAMS(state.get("streams")):
-        _json_object(row[2])
-        _BATCHES(row[7])
-        _TIME_INDEX(row[8])
-        for producer in _PRODUCERS(row[9]):
-            _RUNS(producer[2])
+    # Column by column over all streams at once, each distinct config parsed once: a
+    # wide state (100,000 streams) is checked in C, not in a Python loop per stream.
+    streams = _STREAMS(state.get("streams"))
+    for config in {row[2] for row in streams}:
+        _json_object(config)
+    _BATCHES(list(itertools.chain.from_iterable(row[7] for row in streams)))
+    _TIME_INDEX(list(itertools.chain.from_iterable(row[8] for row in streams)))
+    producers = _PRODUCERS(list(itertools.chain.from_iterable(row[9] for row in streams)))
+    _RUNS(list(itertools.chain.from_iterable(producer[2] for producer in producers)))
     _LEASES(state.get("leases", []))  # absent in checkpoints before leases
     _int(state.get("lease_floor", 0))  # absent in checkpoints before lease pruning
     transactions = state.get("transactions", [])  # absent in checkpoints before them

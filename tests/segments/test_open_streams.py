@@ -209,6 +209,36 @@ def test_a_consumer_of_thousands_of_streams_under_ulimit_1024(tmp_path: Path) ->
     assert _run_limited(_consume_all, str(tmp_path), 2000) == 4000
 
 
+def _spark_read_all(directory: str, streams: int) -> tuple[int, int]:
+    """What a Spark batch read does, without a JVM: the driver plans every stream (their
+    offsets), then each task opens the log and reads its range. Rows read, and the most
+    files of the log the planning process held open at once."""
+    from disklesslog.spark.options import parse_read_options
+    from disklesslog.spark.read import plan_batch, read_partition
+    from disklesslog.spark.schema import arrow_schema, read_schema
+
+    with disklesslog.open(directory, fsync="never") as log:
+        for i in range(streams):
+            log.stream(f"s{i}").append_batch([b"%d-a" % i, b"%d-b" % i])
+    options = parse_read_options({"url": directory, "streampattern": "s[0-9]+"})
+    parts = plan_batch(options)
+    most = len(_open_under(Path(directory)))
+    schema = arrow_schema(read_schema(False))
+    rows = 0
+    for part in parts:
+        for batch in read_partition(options.log, part, schema, True):
+            rows += batch.num_rows
+        most = max(most, len(_open_under(Path(directory))))
+    return rows, most
+
+
+@pytest.mark.slow  # 30 s: each of the 1,200 tasks opens and closes the log, as Spark's do
+def test_a_spark_read_of_more_streams_than_descriptors_under_ulimit_1024(tmp_path: Path) -> None:
+    rows, most = _run_limited(_spark_read_all, str(tmp_path), 1200)
+    assert rows == 2400
+    assert most <= SLACK  # every log the read opened is closed again
+
+
 def _run_out_of_descriptors(directory: str) -> str:
     log = disklesslog.open(directory, fsync="never")
     log.stream("a").append(b"1")
