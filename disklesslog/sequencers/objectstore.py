@@ -125,6 +125,12 @@ PREFETCH = 8
 CHECKPOINT_LISTINGS = 3
 """Listings of the checkpoints one load tries when the chosen one vanishes meanwhile
 (deleted as superseded by a newer one, which the next listing shows)."""
+NEWEST_CHECKPOINTS_KEPT = 2
+"""Checkpoints kept however young besides the one that supersedes old entries: the
+newest, and the one before it as the route around damage to the newest. Those between
+them and the superseding one are deleted at once (every entry after the superseding
+checkpoint is kept, so they are no route anybody needs), so a wide state's
+checkpoints take a few times its size, not one copy per checkpoint in the retention."""
 
 
 @dataclass
@@ -755,7 +761,8 @@ class ObjectStoreSequencer(Sequencer):
 
     def delete_superseded(self) -> int:
         """Delete entries and checkpoints that a checkpoint older than
-        ``entry_retention_seconds`` supersedes; returns how many objects went. Runs on
+        ``entry_retention_seconds`` supersedes, and the checkpoints between it and the
+        newest :data:`NEWEST_CHECKPOINTS_KEPT`; returns how many objects went. Runs on
         its own after checkpoints; safe to call from any process at any time."""
         doomed = self._superseded()
         for path in doomed:
@@ -764,10 +771,12 @@ class ObjectStoreSequencer(Sequencer):
 
     def _superseded(self) -> list[str]:
         """The entries and checkpoints a checkpoint older than ``entry_retention_seconds``
-        supersedes. The superseding checkpoint is read back and verified first (its CRC;
-        a version 1 one decoded whole): the entries it supersedes are the only other
-        route to its state, so they stay while it is damaged, and an older intact one is
-        used."""
+        supersedes, and the checkpoints between it and the newest ones. The superseding
+        checkpoint is read back and verified first (its CRC; a version 1 one decoded
+        whole): the entries it supersedes are the only other route to its state, so they
+        stay while it is damaged, and an older intact one is used. A checkpoint between
+        is never a route: the entries after the superseding one (or all entries, before
+        there is one) stay, and a replica that finds the one it chose gone lists again."""
         cutoff = (self._clock() - self._retention) * 1000
         checkpoints = self._storage.checkpoints()
         keep = None
@@ -787,10 +796,15 @@ class ObjectStoreSequencer(Sequencer):
                 continue
             keep = candidate
             break
-        if keep is None:
-            return []
-        doomed = [c.path for c in checkpoints if c.entry < keep.entry]
-        doomed += [path for number, path in self._storage.entries() if number <= keep.entry]
+        newest = {c.entry for c in checkpoints[-NEWEST_CHECKPOINTS_KEPT:]}
+        floor = -1 if keep is None else keep.entry
+        doomed = [
+            c.path
+            for c in checkpoints
+            if c.entry < floor or (c.entry > floor and c.entry not in newest)
+        ]
+        if keep is not None:
+            doomed += [path for number, path in self._storage.entries() if number <= floor]
         return doomed
 
     def housekeeping(self, *, dry_run: bool = False) -> list[str]:

@@ -383,6 +383,57 @@ def test_superseded_entries_are_deleted_after_retention(local_root: str) -> None
     assert fresh.snapshot() == seq.snapshot()
 
 
+def _checkpoint_entries(root: str) -> list[int]:
+    return sorted(int(p.name[:20]) for p in Path(root, "checkpoints").iterdir())
+
+
+def _damage(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x10
+    path.write_bytes(bytes(data))
+
+
+def test_checkpoints_between_the_superseding_one_and_the_newest_two_go_at_once(
+    local_root: str,
+) -> None:
+    """Within the retention, only the newest two checkpoints stay (no entry is deleted
+    yet, so the others are no route); after it, the superseding one and the newest two."""
+    clock = Clock()
+    seq = open_local(local_root, clock=clock, checkpoint_every=5, entry_retention_seconds=60)
+    seq.create_stream("s", {})
+    for i in range(24):
+        seq.commit(f"o{i}", [batch("s")])
+    assert _checkpoint_entries(local_root) == [5, 10, 15, 20, 25]
+    assert seq.delete_superseded() == 3  # checkpoints 5, 10 and 15; no entry
+    assert _checkpoint_entries(local_root) == [20, 25]
+    assert len(list(Path(local_root, "log").iterdir())) == 25
+    clock.now += 61
+    for i in range(24, 34):
+        seq.commit(f"o{i}", [batch("s")])
+    assert _checkpoint_entries(local_root) == [20, 25, 30, 35]
+    # checkpoint 25 is the newest older than 60 s: entries 1..25 and checkpoint 20 go
+    assert seq.delete_superseded() == 25 + 1
+    assert _checkpoint_entries(local_root) == [25, 30, 35]
+    assert open_local(local_root).snapshot() == seq.snapshot()
+
+
+def test_with_the_newest_two_checkpoints_damaged_the_entries_are_the_route(
+    local_root: str,
+) -> None:
+    clock = Clock()
+    seq = open_local(local_root, clock=clock, checkpoint_every=5, entry_retention_seconds=60)
+    seq.create_stream("s", {})
+    for i in range(24):
+        seq.commit(f"o{i}", [batch("s")])
+    seq.delete_superseded()
+    for path in Path(local_root, "checkpoints").iterdir():
+        _damage(path)  # 20 and 25: every checkpoint left
+    assert seq.delete_superseded() == 0  # none supersedes anything; both are the newest
+    fresh = open_local(local_root)  # from entry 1, as before any checkpoint
+    assert fresh.snapshot() == seq.snapshot()
+    assert fresh.stream_info("s").end_offset == 24
+
+
 def test_stale_replica_reloads_checkpoint_instead_of_reusing_deleted_numbers(
     local_root: str,
 ) -> None:
