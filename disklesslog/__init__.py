@@ -44,6 +44,7 @@ from .errors import (
     StreamNotFound,
     TooManyOpenFiles,
     TransactionError,
+    UnknownProducerId,
     UnknownProducerState,
 )
 from .leases import Lease
@@ -93,6 +94,7 @@ __all__ = [
     "StreamNotFound",
     "TooManyOpenFiles",
     "TransactionError",
+    "UnknownProducerId",
     "UnknownProducerState",
     "Writer",
     "__version__",
