@@ -983,9 +983,11 @@ def spec_entry(data: bytes, number: int) -> tuple[list[Any], bytes | None]:
 
 
 def spec_checkpoint(data: bytes, entry: int) -> dict[str, Any]:
-    """ "Reading a checkpoint", both versions: its map (version 1's gets the chain of
-    16 zero bytes the spec gives it)."""
-    if data.startswith(_spec_magic("Checkpoint, version 2")):
+    """ "Reading a checkpoint", every version: its map (version 1's gets the chain of
+    16 zero bytes the spec gives it). Versions 3 and 2 share the header."""
+    if data.startswith(_spec_magic("Checkpoint, version 3")) or data.startswith(
+        _spec_magic("Checkpoint, version 2")
+    ):
         if len(data) < SEQ_CHECKPOINT.size:
             raise SpecCorrupt("short")
         fields = dict(zip(SEQ_CHECKPOINT.names, struct.unpack_from(SEQ_CHECKPOINT.fmt, data)))
@@ -1055,7 +1057,8 @@ def test_sequencer_tables_in_the_spec_match_the_code() -> None:
     assert SEQ_CHECKPOINT.names == ("magic", "crc", "length", "entry")
     assert _spec_magic("Entry, version 2") == seqfmt.ENTRY_MAGIC
     assert _spec_magic("Entry, version 1") == seqfmt.ENTRY_MAGIC_V1
-    assert _spec_magic("Checkpoint, version 2") == seqfmt.CHECKPOINT_MAGIC
+    assert _spec_magic("Checkpoint, version 3") == seqfmt.CHECKPOINT_MAGIC
+    assert _spec_magic("Checkpoint, version 2") == seqfmt.CHECKPOINT_MAGIC_V2
     assert _spec_magic("Checkpoint, version 1") == seqfmt.CHECKPOINT_MAGIC_V1
     assert sorted(SPEC_OPERATIONS) == sorted(seqfmt.OPERATIONS)
 
