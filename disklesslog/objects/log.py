@@ -229,7 +229,9 @@ class ObjectLog(AbstractLog):
         in flush order, and flushes that wait together are committed together (one
         sequencer entry on the object-store sequencer). ``producer`` names an idempotent
         producer: opening a writer with the same name elsewhere fences this one (its
-        next flush raises ProducerFenced).
+        next flush raises ProducerFenced). Retries are deduplicated, and zombies fenced,
+        while the producer wrote within ``producer_expiration_ms``; a writer idle longer
+        starts over as a new producer instance by itself (:class:`~disklesslog.UnknownProducerId`).
         """
         self.check_open()
         if max_buffer_bytes is not None and max_object_bytes is not None:
