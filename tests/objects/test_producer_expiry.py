@@ -6,14 +6,18 @@ duplicate or a gap."""
 
 from __future__ import annotations
 
+import contextlib
 import uuid
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
 
 import disklesslog
-from disklesslog import ConfigError
+from disklesslog import ConfigError, ProducerFenced, UnknownProducerId
 from disklesslog.objects.log import MAX_PRODUCER_EXPIRATION_MS
+from disklesslog.objects.writer import RESTARTS
+from disklesslog.sequencers.base import BatchToCommit, CommitResult
 from disklesslog.sequencers.memory import MemorySequencer
 from disklesslog.testing.contracts import FakeClock
 
@@ -105,3 +109,34 @@ def test_a_local_log_refuses_the_option_as_an_object_log_one(tmp_path: Path) -> 
         disklesslog.open(where, producer_expiration_ms=1_000)
     assert "objects" in str(caught.value)
     assert not where.exists()
+
+
+class _Forgetful(MemorySequencer):
+    """Forgets every producer before each commit (as if each waited out the window)."""
+
+    commits = 0
+
+    def commit(self, object_key: str, batches: Sequence[BatchToCommit]) -> list[CommitResult]:
+        self.commits += 1
+        self._producers.clear()
+        return super().commit(object_key, batches)
+
+
+def test_a_producer_forgotten_over_and_over_fails_the_flush_at_last() -> None:
+    """Initialising again is bounded per flush: a flush refused every time fails with
+    the sequencer's UnknownProducerId (a ProducerFenced: the writer stops) instead of
+    looping."""
+    sequencer = _Forgetful()
+    with _open(sequencer) as log:
+        writer = log.writer(linger_ms=0)
+        first = writer.producer
+        future = writer.append("s", b"x")
+        with pytest.raises(UnknownProducerId):
+            future.result(timeout=10)
+        assert sequencer.commits == 1 + RESTARTS
+        assert writer.producer[0] == first[0] + RESTARTS  # initialised again each time
+        with pytest.raises(ProducerFenced):
+            writer.append("s", b"y").result(timeout=10)
+        assert log.stream("s").end_offset == 0
+        with contextlib.suppress(ProducerFenced):
+            writer.close()
