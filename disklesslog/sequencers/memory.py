@@ -215,7 +215,8 @@ class MemorySequencer(Sequencer):
                     self._producer_names[name] = producer_id
             else:
                 self._producers[producer_id] += 1
-            self._producer_used[producer_id] = clock_ms(self._clock)
+            used = self._producer_used.get(producer_id, 0)
+            self._producer_used[producer_id] = max(used, clock_ms(self._clock))
             return producer_id, self._producers[producer_id]
 
     def expire_producers(self, older_than_ms: int, *, dry_run: bool = False) -> ProducerExpiry:
