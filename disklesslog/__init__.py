@@ -44,6 +44,7 @@ from .errors import (
     StreamNotFound,
     TooManyOpenFiles,
     TransactionError,
+    UnknownProducerId,
     UnknownProducerState,
 )
 from .leases import Lease
@@ -93,6 +94,7 @@ __all__ = [
     "StreamNotFound",
     "TooManyOpenFiles",
     "TransactionError",
+    "UnknownProducerId",
     "UnknownProducerState",
     "Writer",
     "__version__",
@@ -166,6 +168,12 @@ def open(url: str | os.PathLike[str], **options: Any) -> AbstractLog:
     * ``retry_deadline_ms``: how long, in milliseconds, a failing storage request (and an
       object-store sequencer's) is retried with backoff before :class:`StorageError` is
       raised. Default 30000.
+    * ``producer_expiration_ms``: how long, in milliseconds, the sequencer remembers a
+      producer (a writer) after its last write, as Kafka's ``producer.id.expiration.ms``:
+      retries are deduplicated and a named producer's zombies fenced within this window;
+      the log's housekeeping forgets idle producers so their state stays bounded, and a
+      writer idle for longer carries on as a new producer. 1..31536000000; default
+      86400000 (1 day). docs/operations.md, section 8.
 
     **Stream settings.** Any :class:`StreamConfig` field is also accepted, as the
     default for streams this log creates (an existing stream keeps its own):

@@ -36,6 +36,7 @@ __all__ = [
     "StreamNotFound",
     "TooManyOpenFiles",
     "TransactionError",
+    "UnknownProducerId",
     "UnknownProducerState",
 ]
 
@@ -293,6 +294,16 @@ class UnknownProducerState(OutOfOrderSequence):
         super().__init__(message)
         self.stream = stream
         """The stream the sequencer holds no state of this producer for."""
+
+
+class UnknownProducerId(ProducerFenced):
+    """The sequencer does not know this producer id: it was dropped after
+    ``producer_expiration_ms`` without a write (or was never issued by this sequencer).
+    Kafka's ``producer.id.expiration.ms``. Writers handle it themselves: they initialise
+    their producer again (a named writer under the same name) and number every stream
+    from 0, since the sequencer remembers nothing of the old id. It reaches you only if
+    that keeps failing: append again. A ProducerFenced, because a caller that does not
+    handle it may no longer commit under the old id."""
 
 
 class LeaseLost(DisklessLogError):

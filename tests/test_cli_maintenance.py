@@ -67,6 +67,31 @@ def test_maintain_runs_every_operation(tmp_path: Path, capsys: pytest.CaptureFix
     assert _start(path, "a") > 0
 
 
+def test_maintain_expires_idle_producers(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``maintain`` includes the sequencer's housekeeping, which forgets producers idle
+    for ``--producer-expiration-ms`` and says so in the report."""
+    url = f"file://{tmp_path}/log"
+    with (
+        disklesslog.open(url, backend="objects", maintenance="off") as log,
+        log.writer() as writer,
+    ):
+        writer.append("a", b"x")
+        writer.append("b", b"y")
+    time.sleep(0.01)
+    command = ["maintain", url, "--backend", "objects", "--json"]
+    assert main(command) == 0  # the default window, a day: nothing expires
+    report = json.loads(capsys.readouterr().out)
+    assert not any("idle producers" in line for line in report["actions"])
+    assert main([*command, "--producer-expiration-ms", "1"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    expired = "housekeeping: expired 2 idle producer stream states and 1 idle producers"
+    assert expired in report["actions"]
+    assert main([*command, "--producer-expiration-ms", "0"]) == 1  # a one-line error
+    assert "producer_expiration_ms must be an int" in capsys.readouterr().err
+
+
 def test_describe_a_whole_log(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path = _log(tmp_path / "log")
     assert main(["describe", str(path)]) == 0

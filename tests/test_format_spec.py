@@ -15,6 +15,7 @@ import json
 import random
 import re
 import struct
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -983,9 +984,10 @@ def spec_entry(data: bytes, number: int) -> tuple[list[Any], bytes | None]:
 
 
 def spec_checkpoint(data: bytes, entry: int) -> dict[str, Any]:
-    """ "Reading a checkpoint", both versions: its map (version 1's gets the chain of
-    16 zero bytes the spec gives it)."""
-    if data.startswith(_spec_magic("Checkpoint, version 2")):
+    """ "Reading a checkpoint", every version: its map (version 1's gets the chain of
+    16 zero bytes the spec gives it). Versions 3 and 2 share the header."""
+    shared_header = (_spec_magic("Checkpoint, version 3"), _spec_magic("Checkpoint, version 2"))
+    if data.startswith(shared_header):
         if len(data) < SEQ_CHECKPOINT.size:
             raise SpecCorrupt("short")
         fields = dict(zip(SEQ_CHECKPOINT.names, struct.unpack_from(SEQ_CHECKPOINT.fmt, data)))
@@ -1016,7 +1018,7 @@ def _sequencer_log(root: Path) -> Any:
     """A sequencer log holding every operation and several checkpoints."""
     import fsspec
 
-    from disklesslog.sequencers import BatchLocation, BatchToCommit
+    from disklesslog.sequencers import BatchLocation, BatchToCommit, ProducerExpiry
     from disklesslog.sequencers.objectstore import ObjectStoreSequencer
 
     seq = ObjectStoreSequencer(fsspec.filesystem("file"), str(root), checkpoint_every=4)
@@ -1035,6 +1037,9 @@ def _sequencer_log(root: Path) -> Any:
     seq.forget_objects(["x"])
     seq.create_stream("b", {})
     seq.delete_stream("b")
+    seq.init_producer("idle")
+    time.sleep(0.002)  # every producer and state above is older than a millisecond
+    assert seq.expire_producers(1) == ProducerExpiry(states=1, producers=3)
     lease = seq.acquire_lease("l", "w", 1_000)
     assert lease is not None
     seq.release_lease(lease)
@@ -1055,7 +1060,8 @@ def test_sequencer_tables_in_the_spec_match_the_code() -> None:
     assert SEQ_CHECKPOINT.names == ("magic", "crc", "length", "entry")
     assert _spec_magic("Entry, version 2") == seqfmt.ENTRY_MAGIC
     assert _spec_magic("Entry, version 1") == seqfmt.ENTRY_MAGIC_V1
-    assert _spec_magic("Checkpoint, version 2") == seqfmt.CHECKPOINT_MAGIC
+    assert _spec_magic("Checkpoint, version 3") == seqfmt.CHECKPOINT_MAGIC
+    assert _spec_magic("Checkpoint, version 2") == seqfmt.CHECKPOINT_MAGIC_V2
     assert _spec_magic("Checkpoint, version 1") == seqfmt.CHECKPOINT_MAGIC_V1
     assert sorted(SPEC_OPERATIONS) == sorted(seqfmt.OPERATIONS)
 

@@ -67,6 +67,7 @@ def test_every_registered_object_option_is_accepted() -> None:
         "create": True,
         "maintenance": "off",
         "maintenance_interval_ms": 1000,
+        "producer_expiration_ms": 1000,
         "retry_deadline_ms": 1000,
         "sequencer": "memory://",  # an unnamed in-memory sequencer: this log's own
         "storage_options": {},

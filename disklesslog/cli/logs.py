@@ -50,6 +50,13 @@ def log_options() -> argparse.ArgumentParser:
         default=[],
         help="an fsspec storage option of the tier (repeatable; never recorded)",
     )
+    group.add_argument(
+        "--producer-expiration-ms",
+        metavar="MS",
+        type=int,
+        help="forget producers (writers) idle this long when this command maintains the "
+        "log (default 86400000, a day; give the value your applications use)",
+    )
     maintenance = options.add_argument_group("automatic maintenance")
     maintenance.add_argument(
         "--maintenance",
@@ -75,4 +82,6 @@ def open_log(args: argparse.Namespace, *, create: bool) -> Log:
         options["tier_storage_options"] = dict(args.tier_storage_option)
     if args.maintenance is not None:
         options["maintenance"] = args.maintenance
+    if args.producer_expiration_ms is not None:
+        options["producer_expiration_ms"] = args.producer_expiration_ms
     return open_log_at(args.url, **options)

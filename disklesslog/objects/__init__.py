@@ -29,6 +29,7 @@ OPTIONS = (
     "create",
     "maintenance",
     "maintenance_interval_ms",
+    "producer_expiration_ms",
     "retry_deadline_ms",
     "sequencer",
     "storage_options",

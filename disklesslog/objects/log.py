@@ -65,6 +65,13 @@ VERSION = 1
 DEFAULT_LINGER_MS = 100
 DEFAULT_MAX_OBJECT_BYTES = 8 << 20
 APPEND_LINGER_MS = 0  # Stream.append: flush as soon as the previous flush is done
+DEFAULT_PRODUCER_EXPIRATION_MS = 86_400_000
+"""How long a producer's idempotence state outlives its last write (Kafka's
+``producer.id.expiration.ms``, 1 day; ``docs/decisions/0012-producer-expiry.md``)."""
+MIN_PRODUCER_EXPIRATION_MS = 1
+MAX_PRODUCER_EXPIRATION_MS = 365 * 86_400_000
+"""A year: beyond it the state a churn of writers leaves is no longer bounded in
+practice, and no retry or zombie waits that long."""
 SQLITE_NAME = "disklesslog-meta.db"
 """The SQLite sequencer's database in the directory of a ``file://`` log (the default)."""
 
@@ -83,6 +90,7 @@ class ObjectLog(AbstractLog):
         stream_defaults: StreamConfig,
         maintenance: str = "auto",
         maintenance_interval_ms: int = DEFAULT_INTERVAL_MS,
+        producer_expiration_ms: int = DEFAULT_PRODUCER_EXPIRATION_MS,
     ) -> None:
         """A log over storage whose root :func:`open_object_log` has checked (and marked)
         and a sequencer it opened; use :func:`disklesslog.open`."""
@@ -90,6 +98,8 @@ class ObjectLog(AbstractLog):
             url, maintenance=maintenance, maintenance_interval_ms=maintenance_interval_ms
         )
         self._defaults = stream_defaults
+        self.producer_expiration_ms = check_producer_expiration(producer_expiration_ms)
+        """Producers idle this long are forgotten by :meth:`housekeeping`."""
         # What metrics() reports: the storage's counters, where the package's readers,
         # writers, stagers and maintenance count too (as ``log.storage.metrics``).
         self._metrics = storage.metrics
@@ -219,7 +229,9 @@ class ObjectLog(AbstractLog):
         in flush order, and flushes that wait together are committed together (one
         sequencer entry on the object-store sequencer). ``producer`` names an idempotent
         producer: opening a writer with the same name elsewhere fences this one (its
-        next flush raises ProducerFenced).
+        next flush raises ProducerFenced). Retries are deduplicated, and zombies fenced,
+        while the producer wrote within ``producer_expiration_ms``; a writer idle longer
+        starts over as a new producer instance by itself (:class:`~disklesslog.UnknownProducerId`).
         """
         self.check_open()
         if max_buffer_bytes is not None and max_object_bytes is not None:
@@ -452,10 +464,15 @@ class ObjectLog(AbstractLog):
         return self.storage.read_small(STATUS_FILE)
 
     def housekeeping(self, *, dry_run: bool = False) -> MaintenanceReport:
-        """The sequencer's :meth:`~disklesslog.sequencers.base.Sequencer.housekeeping`."""
+        """The sequencer's :meth:`~disklesslog.sequencers.base.Sequencer.housekeeping`,
+        then :meth:`~disklesslog.sequencers.base.Sequencer.expire_producers` of the
+        producers idle for ``producer_expiration_ms``: the sequencer's producer state
+        stays bounded by the producers that wrote within that window."""
         self.check_open()
         report = MaintenanceReport("housekeeping", dry_run=dry_run)
         report.actions += self.sequencer.housekeeping(dry_run=dry_run)
+        expired = self.sequencer.expire_producers(self.producer_expiration_ms, dry_run=dry_run)
+        report.actions += expired.lines()
         return report
 
     def close(self) -> None:
@@ -618,6 +635,9 @@ def open_object_log(url: str, location: str, options: dict[str, Any]) -> ObjectL
         options.pop("maintenance", "auto"),
         options.pop("maintenance_interval_ms", DEFAULT_INTERVAL_MS),
     )
+    producer_expiration_ms = check_producer_expiration(
+        options.pop("producer_expiration_ms", DEFAULT_PRODUCER_EXPIRATION_MS)
+    )
     if type(create) is not bool:
         raise ConfigError(f"create must be True or False, not {create!r}")
     if storage_options is not None and not isinstance(storage_options, Mapping):
@@ -651,7 +671,22 @@ def open_object_log(url: str, location: str, options: dict[str, Any]) -> ObjectL
         stream_defaults=defaults,
         maintenance=maintenance[0],
         maintenance_interval_ms=maintenance[1],
+        producer_expiration_ms=producer_expiration_ms,
     )
+
+
+def check_producer_expiration(value: object) -> int:
+    """``producer_expiration_ms`` if valid, else :class:`ConfigError` (before anything
+    is created)."""
+    if (
+        type(value) is not int
+        or not MIN_PRODUCER_EXPIRATION_MS <= value <= MAX_PRODUCER_EXPIRATION_MS
+    ):
+        raise ConfigError(
+            f"producer_expiration_ms must be an int of milliseconds in "
+            f"{MIN_PRODUCER_EXPIRATION_MS}..{MAX_PRODUCER_EXPIRATION_MS}, not {value!r}"
+        )
+    return value
 
 
 def _cache_for(option: Any) -> BlockCache | None:

@@ -39,6 +39,7 @@ from ..errors import (
     ProducerFenced,
     SequencerConflict,
     StreamNotFound,
+    UnknownProducerId,
     UnknownProducerState,
 )
 from ..format import EncodedBatch, restamp
@@ -100,6 +101,8 @@ class _Pending:
     restarts: int = 0
     renumbered: dict[str, int] = field(default_factory=dict)
     """Per stream, times the flush was numbered from 0 again (:class:`UnknownProducerState`)."""
+    reinitialised: int = 0
+    """Times the producer was initialised again for it (:class:`UnknownProducerId`)."""
     conflicts: int = 0
 
 
@@ -376,6 +379,10 @@ class ObjectWriter(Writer):
             ):
                 self._start_over(outcome.stream)
                 retry.append(pending)
+            elif isinstance(outcome, UnknownProducerId) and pending.reinitialised < RESTARTS:
+                pending.reinitialised += 1
+                if self._initialise_again(pending):
+                    retry.append(pending)
             else:
                 self._refused(pending, outcome)
         return retry
@@ -528,6 +535,34 @@ class ObjectWriter(Writer):
         with self._stamp_lock:
             stood = self._next.pop(stream, 0)
             self._sequences[stream] = self._sequences.get(stream, 0) - stood
+
+    def _initialise_again(self, pending: _Pending) -> bool:
+        """The sequencer forgot this writer's producer (idle past
+        ``producer_expiration_ms``): register it again (a named writer under its name)
+        and number every stream from 0, as a new producer's first batches. Nothing of
+        the old id can be deduplicated any more, and nothing needs to be: the refused
+        flush stored nothing, and every earlier one was answered. Whether the flush may
+        be committed again (restamped); a failed registration fails it."""
+        if pending.producer != self.producer:
+            return True  # initialised again already (for an earlier flush of the group)
+        try:
+            producer = self._log.sequencer.init_producer(self._producer_name)
+        except DisklessLogError as exc:
+            self._refused(pending, exc)
+            return False
+        with self._stamp_lock:
+            for stream, stood in self._next.items():
+                self._sequences[stream] = self._sequences.get(stream, 0) - stood
+            self._next.clear()
+            self._producer_id, self._epoch = producer
+        log.info(
+            "writer for %s: producer %d was forgotten by the sequencer (idle past "
+            "producer_expiration_ms); continuing as producer %d",
+            self._log.url,
+            pending.producer[0],
+            producer[0],
+        )
+        return True
 
     def _outcome_unknown(self, ready: list[_Pending], exc: _Unknown) -> None:
         """Gave up on a group without knowing whether it landed: fail its flushes and

@@ -14,7 +14,7 @@ from .stream_store import FSYNC_POLICIES
 __all__ = ["FSYNC_POLICIES", "SegmentLog", "SegmentStream"]
 
 
-_OBJECT_OPTIONS = ("sequencer", "storage_options", "cache")
+_OBJECT_OPTIONS = ("sequencer", "storage_options", "cache", "producer_expiration_ms")
 
 
 def _open(url: str, location: str, options: dict[str, Any]) -> AbstractLog:

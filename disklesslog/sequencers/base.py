@@ -34,6 +34,7 @@ __all__ = [
     "BatchPage",
     "BatchToCommit",
     "CommitResult",
+    "ProducerExpiry",
     "Sequencer",
     "StreamMeta",
     "TransactionResult",
@@ -99,6 +100,24 @@ class TransactionResult:
     duplicate: bool = False
     """Whether the id had been committed before: then ``ranges`` are that commit's,
     and this call stored nothing."""
+
+
+@dataclass(frozen=True)
+class ProducerExpiry:
+    """What :meth:`Sequencer.expire_producers` dropped (or, with ``dry_run``, would)."""
+
+    states: int = 0
+    """(producer, stream) states: their sequence numbers and epoch on one stream."""
+    producers: int = 0
+    """Registered producers (their ids; a named one's name with it)."""
+
+    def lines(self) -> list[str]:
+        """The maintenance report's lines (none when nothing was dropped)."""
+        if not (self.states or self.producers):
+            return []
+        return [
+            f"expired {self.states} idle producer stream states and {self.producers} idle producers"
+        ]
 
 
 @dataclass(frozen=True)
@@ -185,6 +204,26 @@ class Sequencer(ABC):
         """``(producer_id, epoch)`` for a writer. A new anonymous producer gets a fresh
         id with epoch 0. A named producer keeps its id and gets ``epoch + 1``, which
         fences every older instance: their next commit raises ProducerFenced."""
+
+    @abstractmethod
+    def expire_producers(self, older_than_ms: int, *, dry_run: bool = False) -> ProducerExpiry:
+        """Forget producers idle for ``older_than_ms`` (Kafka's
+        ``producer.id.expiration.ms``), in one atomic step, and say how many went (with
+        ``dry_run``: would go; nothing changes).
+
+        First every (producer, stream) state whose last accepted write was committed
+        more than ``older_than_ms`` before now (the sequencer's clock) is dropped: the
+        producer's next batch there gets :class:`~disklesslog.UnknownProducerState`
+        unless it starts at sequence 0, and a retry of those old records is no longer
+        recognised as a duplicate. Then every producer with no state left whose last
+        use (:meth:`init_producer`, or the last write of any of its states, including
+        those dropped with their stream) is that old is dropped, its name with it: its
+        next commit raises :class:`~disklesslog.UnknownProducerId`, and its zombies are
+        no longer fenced. Producer ids are never issued again, dropped or not, so an old
+        id can never be mistaken for a new producer. A producer that wrote (or was
+        initialised) within the window keeps all of it: deduplication and fencing are
+        guaranteed inside that window only. ``older_than_ms`` is an int >= 0
+        (:class:`~disklesslog.ConfigError` otherwise, nothing changed)."""
 
     # ----------------------------------------------------------------- commits
 

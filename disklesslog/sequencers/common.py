@@ -44,6 +44,7 @@ __all__ = [
     "StreamCursor",
     "already_known",
     "check_batches",
+    "check_expiry_age",
     "check_keys",
     "check_location",
     "check_new_batches",
@@ -53,6 +54,7 @@ __all__ = [
     "check_position",
     "check_transaction",
     "check_transaction_id",
+    "clock_ms",
     "config_copy",
     "forget_after_fork",
     "merged_config",
@@ -88,6 +90,21 @@ Clock = Callable[[], float]
 """Seconds since the epoch; injectable so tests can move time for garbage collection."""
 
 # --------------------------------------------------------------------------- shared
+
+
+def clock_ms(clock: Clock) -> int:
+    """The clock's time in whole milliseconds since the epoch: what producer state is
+    stamped with (an int, so every replica and every database stores it alike)."""
+    return int(clock() * 1000)
+
+
+def check_expiry_age(older_than_ms: object) -> int:
+    """``older_than_ms`` of :meth:`Sequencer.expire_producers`: an int >= 0."""
+    if type(older_than_ms) is not int or not 0 <= older_than_ms <= INT64_MAX:
+        raise ConfigError(
+            f"older_than_ms must be an int of milliseconds >= 0, not {older_than_ms!r}"
+        )
+    return older_than_ms
 
 
 def check_object_key(key: object) -> str:
@@ -350,6 +367,7 @@ def plan_commit(
     epochs: Mapping[int, int],
     states: Mapping[tuple[Hashable, int], ProducerStreamState],
     index_interval: int,
+    now_ms: int,
 ) -> CommitPlan:
     """Judge every batch of a commit and assign offsets, without side effects.
 
@@ -357,7 +375,9 @@ def plan_commit(
     StreamNotFound), ``epochs`` producer ids to their current epoch, ``states`` the
     stored (stream key, producer id) states. Producer state is threaded from batch to
     batch, so two batches of one producer on one stream in one commit are judged in
-    order. Any rejection raises before the caller has written anything.
+    order, and every state a batch advances records ``now_ms`` (the commit's time, by
+    the sequencer's clock) as its last write. Any rejection raises before the caller
+    has written anything.
 
     Every ``index_interval``-th stored batch of a stream adds a time-index entry
     ``(running max timestamp, next offset)``: no batch below ``next offset`` has a
@@ -381,7 +401,7 @@ def plan_commit(
         cursor.end = base + b.span
         cursor.dirty = True
         if state_key is not None:
-            plan.states[state_key] = advance(state, b, base)
+            plan.states[state_key] = advance(state, b, base, now_ms)
         plan.accepted.append((cursor, b, base))
         plan.results.append(CommitResult(base))
         if cursor.max_timestamp is None or b.max_timestamp > cursor.max_timestamp:

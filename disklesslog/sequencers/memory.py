@@ -38,6 +38,7 @@ from .base import (
     BatchPage,
     BatchToCommit,
     CommitResult,
+    ProducerExpiry,
     Sequencer,
     StreamMeta,
     TransactionResult,
@@ -54,6 +55,7 @@ from .common import (
     StreamCursor,
     already_known,
     check_batches,
+    check_expiry_age,
     check_keys,
     check_new_batches,
     check_object_key,
@@ -61,6 +63,7 @@ from .common import (
     check_old_ids,
     check_position,
     check_transaction,
+    clock_ms,
     config_copy,
     merged_config,
     not_contiguous,
@@ -187,6 +190,9 @@ class MemorySequencer(Sequencer):
         self._streams: dict[str, _Stream] = {}
         self._next_stream_id = 1
         self._producers: dict[int, int] = {}  # id -> epoch
+        # id -> ms of its last use as far as its states no longer tell: init_producer,
+        # and the last write of every state dropped (see expire_producers)
+        self._producer_used: dict[int, int] = {}
         self._producer_names: dict[str, int] = {}
         self._next_producer_id = 1
         self._next_batch_id = 1
@@ -227,6 +233,7 @@ class MemorySequencer(Sequencer):
     def delete_stream(self, name: str) -> None:
         with self._lock:
             stream = self._stream(name)
+            self._keep_use(stream.producers)
             for loc in stream.batches.values():
                 del self._batch_index[loc.batch_id]
                 self._release(loc.object_key)
@@ -250,14 +257,63 @@ class MemorySequencer(Sequencer):
         with self._lock:
             producer_id = None if name is None else self._producer_names.get(name)
             if producer_id is None:
-                producer_id = self._next_producer_id
+                producer_id = self._next_producer_id  # never issued again, even if dropped
                 self._next_producer_id += 1
                 self._producers[producer_id] = 0
                 if name is not None:
                     self._producer_names[name] = producer_id
             else:
                 self._producers[producer_id] += 1
+            used = self._producer_used.get(producer_id, 0)
+            self._producer_used[producer_id] = max(used, clock_ms(self._clock))
             return producer_id, self._producers[producer_id]
+
+    def expire_producers(self, older_than_ms: int, *, dry_run: bool = False) -> ProducerExpiry:
+        """States and producers are scanned whole (the state is in memory): a
+        maintenance pass's cost, once a minute at most."""
+        check_expiry_age(older_than_ms)
+        with self._lock:
+            cutoff = clock_ms(self._clock) - older_than_ms
+            states = [
+                (stream, pid)
+                for stream in self._streams.values()
+                for pid, state in stream.producers.items()
+                if state.written_ms < cutoff
+            ]
+            left = {
+                pid
+                for stream in self._streams.values()
+                for pid, state in stream.producers.items()
+                if state.written_ms >= cutoff
+            }
+            written: dict[int, int] = {}
+            for stream, pid in states:
+                written[pid] = max(written.get(pid, 0), stream.producers[pid].written_ms)
+            producers = [
+                pid
+                for pid in self._producers
+                if pid not in left
+                and max(self._producer_used.get(pid, 0), written.get(pid, 0)) < cutoff
+            ]
+            if not dry_run:
+                for stream, pid in states:
+                    self._keep_use({pid: stream.producers.pop(pid)})
+                doomed = set(producers)
+                for pid in producers:
+                    del self._producers[pid]
+                    self._producer_used.pop(pid, None)
+                for name in [n for n, pid in self._producer_names.items() if pid in doomed]:
+                    del self._producer_names[name]
+            return ProducerExpiry(states=len(states), producers=len(producers))
+
+    def _keep_use(self, states: Mapping[int, ProducerStreamState]) -> None:
+        """States about to go (their stream deleted, or expired): their producers' last
+        use keeps their last writes, so a producer is never taken for idle while it
+        wrote within the window."""
+        used = self._producer_used
+        for pid, state in states.items():
+            if pid in self._producers and state.written_ms > used.get(pid, 0):
+                used[pid] = state.written_ms
 
     # ----------------------------------------------------------------- commits
 
@@ -283,7 +339,9 @@ class MemorySequencer(Sequencer):
             state = stream.producers.get(b.producer_id)
             if state is not None:
                 states[(stream, b.producer_id)] = state
-        return plan_commit(batches, cursors, self._producers, states, TIME_INDEX_INTERVAL)
+        return plan_commit(
+            batches, cursors, self._producers, states, TIME_INDEX_INTERVAL, clock_ms(self._clock)
+        )
 
     def _apply(self, object_key: str, plan: CommitPlan) -> None:
         """Store a plan. Cannot fail: every check ran in :meth:`_plan`."""
@@ -562,7 +620,7 @@ class MemorySequencer(Sequencer):
                     s.batch_snapshot(),
                     s.index_snapshot(),
                     [
-                        [pid, st.epoch, [list(b) for b in st.batches]]
+                        [pid, st.epoch, [list(b) for b in st.batches], st.written_ms]
                         for pid, st in sorted(s.producers.items())
                     ],
                 ]
@@ -571,7 +629,10 @@ class MemorySequencer(Sequencer):
             return {
                 "streams": streams,
                 "next_stream_id": self._next_stream_id,
-                "producers": sorted([pid, epoch] for pid, epoch in self._producers.items()),
+                "producers": sorted(
+                    [pid, epoch, self._producer_used.get(pid, 0)]
+                    for pid, epoch in self._producers.items()
+                ),
                 "producer_names": sorted([n, pid] for n, pid in self._producer_names.items()),
                 "next_producer_id": self._next_producer_id,
                 "next_batch_id": self._next_batch_id,
@@ -594,9 +655,12 @@ class MemorySequencer(Sequencer):
 
     @classmethod
     def from_snapshot(
-        cls, snapshot: Mapping[str, Any], *, clock: Clock = time.time
+        cls, snapshot: Mapping[str, Any], *, clock: Clock = time.time, missing_ms: int = 0
     ) -> MemorySequencer:
-        """A private sequencer holding the state :meth:`snapshot` returned."""
+        """A private sequencer holding the state :meth:`snapshot` returned. A snapshot
+        taken before producers had times (rows ``[pid, epoch]`` and ``[pid, epoch,
+        runs]``) gives them ``missing_ms``: a checkpoint's own time, so nothing in it
+        counts as idle before the window has passed since it was written."""
         seq = cls(clock=clock)
         configs: dict[str, str] = {}  # one copy of each distinct config text, not one a stream
         for row in snapshot["streams"]:
@@ -609,13 +673,17 @@ class MemorySequencer(Sequencer):
                     seq._batch_index[batch[0]] = (stream, batch[4])
             if index:
                 stream.index_rows = index
-            for pid, epoch, tracked in producers:
+            for pid, epoch, tracked, *written in producers:
                 stream.producers[pid] = ProducerStreamState(
-                    epoch, tuple((a, b, c) for a, b, c in tracked)
+                    epoch,
+                    tuple((a, b, c) for a, b, c in tracked),
+                    written[0] if written else missing_ms,
                 )
             seq._streams[name] = stream
         seq._next_stream_id = snapshot["next_stream_id"]
-        seq._producers = dict(snapshot["producers"])
+        for pid, epoch, *used in snapshot["producers"]:
+            seq._producers[pid] = epoch
+            seq._producer_used[pid] = used[0] if used else missing_ms
         seq._producer_names = dict(snapshot["producer_names"])
         seq._next_producer_id = snapshot["next_producer_id"]
         seq._next_batch_id = snapshot["next_batch_id"]

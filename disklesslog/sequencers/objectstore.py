@@ -77,6 +77,7 @@ from .base import (
     BatchPage,
     BatchToCommit,
     CommitResult,
+    ProducerExpiry,
     Sequencer,
     StreamMeta,
     TransactionResult,
@@ -84,6 +85,7 @@ from .base import (
 from .common import (
     Clock,
     check_batches,
+    check_expiry_age,
     check_keys,
     check_location,
     check_object_key,
@@ -307,6 +309,19 @@ class ObjectStoreSequencer(Sequencer):
         if name is not None and (not isinstance(name, str) or not name):
             raise ConfigError(f"a producer name must be a non-empty str or None, not {name!r}")
         result: tuple[int, int] = self._submit(["init_producer", name])
+        return result
+
+    def expire_producers(self, older_than_ms: int, *, dry_run: bool = False) -> ProducerExpiry:
+        """One ``expire_producers`` operation, which every replica applies with the
+        entry's timestamp as its clock, so all drop the same states and producers. It is
+        written only when the replica, caught up, finds something to drop (a pass that
+        finds nothing costs no entry); ``dry_run`` only looks (at this replica's clock)."""
+        check_expiry_age(older_than_ms)
+        with self._reading() as state:
+            found = state.expire_producers(older_than_ms, dry_run=True)
+        if dry_run or found == ProducerExpiry():
+            return found
+        result: ProducerExpiry = self._submit(["expire_producers", older_than_ms])
         return result
 
     def commit(self, object_key: str, batches: Sequence[BatchToCommit]) -> list[CommitResult]:
@@ -728,7 +743,9 @@ class ObjectStoreSequencer(Sequencer):
         with _collector_paused():
             content = decode_checkpoint(data, checkpoint.entry, checkpoint.path)
             try:
-                state = MemorySequencer.from_snapshot(content.state, clock=self._state_clock)
+                state = MemorySequencer.from_snapshot(
+                    content.state, clock=self._state_clock, missing_ms=checkpoint.millis
+                )
             except Exception as exc:  # the shape was checked: this is the last line of defence
                 raise CorruptDataError(
                     f"the state does not load ({exc!r})", source=checkpoint.path
@@ -1011,6 +1028,10 @@ def _swap_lease(
     return state.swap_lease(name, serial, LeaseRecord(holder, token, new_serial, duration_ms))
 
 
+def _expire_producers(state: MemorySequencer, older_than_ms: int) -> ProducerExpiry:
+    return state.expire_producers(older_than_ms)
+
+
 def _replace(state: MemorySequencer, stream: str, ids: list[int], news: list[list[Any]]) -> bool:
     return state.replace_batches(stream, ids, [BatchLocation(0, *row) for row in news])
 
@@ -1030,6 +1051,7 @@ _OPS: dict[str, Callable[..., Any]] = {  # what each operation of objectstore_fo
     "swap_lease": _swap_lease,
     "drop_lease": MemorySequencer.drop_lease,
     "discard": _discard,
+    "expire_producers": _expire_producers,
 }
 
 

@@ -6,8 +6,10 @@ reads or writes them, and every way stored bytes can be wrong ends here as a
 ``TypeError``/``ValueError``/``KeyError`` of a decoder.
 
 **Version 2** (written by this release): an entry is a 38-byte header and a msgpack
-body; a checkpoint a 26-byte header and a zstd frame (with zstd's content checksum)
-holding a msgpack map. Both carry a CRC-32C over everything after the CRC field, the
+body; a checkpoint (**version 3**: version 2 plus the times of producer state, which
+producer expiry needs) a 26-byte header and a zstd frame (with zstd's content checksum)
+holding a msgpack map. Version 2 checkpoints are still read: their producer state gets
+the checkpoint's own time. Both carry a CRC-32C over everything after the CRC field, the
 length of what follows the header, and their own entry number, so damage, truncation,
 appended bytes and an object under the wrong name are all caught before anything is
 decoded. An entry also carries the *chain digest* of the entries before it (BLAKE2b
@@ -49,6 +51,7 @@ __all__ = [
     "CHECKPOINT_HEADER",
     "CHECKPOINT_MAGIC",
     "CHECKPOINT_MAGIC_V1",
+    "CHECKPOINT_MAGIC_V2",
     "ENTRY_HEADER",
     "ENTRY_MAGIC",
     "ENTRY_MAGIC_V1",
@@ -69,8 +72,11 @@ ENTRY_MAGIC = b"DLSQE2"
 """First bytes of an entry, format version 2 (checksummed)."""
 ENTRY_MAGIC_V1 = b"DLSQE1"
 """First bytes of an entry of format version 1 (no checksum; read, never written)."""
-CHECKPOINT_MAGIC = b"DLSQC2"
-"""First bytes of a checkpoint, format version 2 (checksummed)."""
+CHECKPOINT_MAGIC = b"DLSQC3"
+"""First bytes of a checkpoint, format version 3 (checksummed; producer state with times)."""
+CHECKPOINT_MAGIC_V2 = b"DLSQC2"
+"""First bytes of a checkpoint of format version 2 (the header of version 3; producer
+state without times: read, never written)."""
 CHECKPOINT_MAGIC_V1 = b"DLSQC1"
 """First bytes of a checkpoint of format version 1 (read, never written)."""
 
@@ -183,17 +189,19 @@ def _operation(op: Any, index: int, where: str) -> list[Any]:
 @dataclass(frozen=True)
 class Checkpoint:
     """A decoded checkpoint: the state (a checked ``MemorySequencer.snapshot()``), the
-    recent entry ids and the chain digest as of its entry."""
+    recent entry ids and the chain digest as of its entry. ``timed``: whether its
+    producer state has times (version 3); an older one's are the checkpoint's own time."""
 
     state: dict[str, Any]
     recent: list[bytes]
     chain: bytes
+    timed: bool = True
 
 
 def encode_checkpoint(
     entry: int, state: dict[str, Any], recent: list[bytes], digest: bytes, level: int = 3
 ) -> bytes:
-    """A version 2 checkpoint of the state as of ``entry``."""
+    """A version 3 checkpoint of the state as of ``entry``."""
     body = msgpack.packb({"state": state, "recent": recent, "chain": digest}, use_bin_type=True)
     frame = zstandard.ZstdCompressor(level=level, write_checksum=True).compress(body)
     fields = _CHECKPOINT.pack(CHECKPOINT_MAGIC, 0, len(frame), entry)[_CRC_START:]
@@ -204,7 +212,7 @@ def encode_checkpoint(
 def verify_checkpoint(data: bytes, entry: int, where: str) -> memoryview:
     """Check a checkpoint's header and CRC without decompressing it (version 1 has
     neither: only its magic is checked); returns its zstd frame."""
-    if data[: len(CHECKPOINT_MAGIC)] == CHECKPOINT_MAGIC:
+    if data[: len(CHECKPOINT_MAGIC)] in (CHECKPOINT_MAGIC, CHECKPOINT_MAGIC_V2):
         if len(data) < CHECKPOINT_HEADER:
             raise _damaged(where, f"{len(data)} bytes, shorter than a checkpoint header")
         _, crc, length, stored_entry = _CHECKPOINT.unpack_from(data)
@@ -224,6 +232,7 @@ def decode_checkpoint(data: bytes, entry: int, where: str) -> Checkpoint:
     """Check and decode the checkpoint of ``entry`` read from ``where``."""
     frame = verify_checkpoint(data, entry, where)
     version1 = data[: len(CHECKPOINT_MAGIC_V1)] == CHECKPOINT_MAGIC_V1
+    timed = data[: len(CHECKPOINT_MAGIC)] == CHECKPOINT_MAGIC
     try:
         # Streaming, so a damaged (version 1) frame header cannot make it allocate the
         # size it declares; the output grows with what the frame really holds.
@@ -246,10 +255,10 @@ def decode_checkpoint(data: bytes, entry: int, where: str) -> Checkpoint:
         else:
             digest = _digest(content.get("chain"))
         recent = _list_of(_entry_id)(content.get("recent"))
-        _check_state(content.get("state"))
+        _check_state(content.get("state"), timed=timed)
     except _Shape as exc:
         raise _damaged(where, str(exc)) from None
-    return Checkpoint(content["state"], recent, digest)
+    return Checkpoint(content["state"], recent, digest, timed)
 
 
 # ------------------------------------------------------------------------ shapes
@@ -394,6 +403,7 @@ OPERATIONS: Mapping[str, tuple[Check, ...]] = {
     "swap_lease": (_str, _int, _opt_str, _int, _int, _int),
     "drop_lease": (_str, _int),
     "discard": (_str,),
+    "expire_producers": (_int,),
 }
 """Every operation an entry may hold and the checks of its arguments, in order."""
 
@@ -401,13 +411,14 @@ _STREAMS = _rows(int, str, str, int, int, (int, type(None)), int, list, list, li
 _BATCHES = _rows(int, str, int, int, int, int, int)
 _TIME_INDEX = _rows(int, int)
 _PRODUCERS = _rows(int, int, list)
+_TIMED_PRODUCERS = _rows(int, int, list, int)  # version 3: with the last write's ms
 _RUNS = _rows(int, int, int)
 _OFFSETS = _rows(str, int)
 _RANGES = _rows(str, int, int)
 _LEASES = _rows(str, (str, type(None)), int, int, int)
 _STATE_FIELDS: dict[str, Check] = {
     "next_stream_id": _int,
-    "producers": _rows(int, int),
+    "producers": _of(list),  # rows by version: _check_state
     "producer_names": _rows(str, int),
     "next_producer_id": _int,
     "next_batch_id": _int,
@@ -416,15 +427,17 @@ _STATE_FIELDS: dict[str, Check] = {
 }
 
 
-def _check_state(state: Any) -> None:
-    """A checkpoint's state has exactly the shape ``MemorySequencer.snapshot()`` gives,
-    so loading it can neither fail halfway nor leave a value of the wrong type."""
+def _check_state(state: Any, *, timed: bool) -> None:
+    """A checkpoint's state has exactly the shape ``MemorySequencer.snapshot()`` gives
+    (``timed``: with the times of producer state, version 3), so loading it can neither
+    fail halfway nor leave a value of the wrong type."""
     if type(state) is not dict:
         raise _Shape("the state is not a map")
     for name, check in _STATE_FIELDS.items():
         if name not in state:
             raise _Shape(f"the state has no {name}")
         check(state[name])
+    (_rows(int, int, int) if timed else _rows(int, int))(state.get("producers"))
     for _, offsets in state["groups"]:
         _OFFSETS(offsets)
     # Column by column over all streams at once, each distinct config parsed once: a
@@ -434,7 +447,9 @@ def _check_state(state: Any) -> None:
         _json_object(config)
     _BATCHES(list(itertools.chain.from_iterable(row[7] for row in streams)))
     _TIME_INDEX(list(itertools.chain.from_iterable(row[8] for row in streams)))
-    producers = _PRODUCERS(list(itertools.chain.from_iterable(row[9] for row in streams)))
+    producers = (_TIMED_PRODUCERS if timed else _PRODUCERS)(
+        list(itertools.chain.from_iterable(row[9] for row in streams))
+    )
     _RUNS(list(itertools.chain.from_iterable(producer[2] for producer in producers)))
     _LEASES(state.get("leases", []))  # absent in checkpoints before leases
     _int(state.get("lease_floor", 0))  # absent in checkpoints before lease pruning

@@ -118,6 +118,7 @@ from .base import (
     BatchPage,
     BatchToCommit,
     CommitResult,
+    ProducerExpiry,
     Sequencer,
     StreamMeta,
     TransactionResult,
@@ -130,6 +131,7 @@ from .common import (
     StreamCursor,
     already_known,
     check_batches,
+    check_expiry_age,
     check_keys,
     check_new_batches,
     check_object_key,
@@ -137,6 +139,7 @@ from .common import (
     check_old_ids,
     check_position,
     check_transaction,
+    clock_ms,
     config_copy,
     forget_after_fork,
     merged_config,
@@ -271,12 +274,38 @@ class _Queries:
         "WITH b AS (DELETE FROM {s}.batches WHERE stream_id = %s AND last_offset < %s"
         " RETURNING *) SELECT " + _BATCH_COLUMNS + " FROM b ORDER BY b.last_offset"
     )
-    find_producer: str = "SELECT id, name, epoch, crc FROM {s}.producers WHERE name = %s FOR UPDATE"
-    insert_producer: str = (
-        "INSERT INTO {s}.producers (name, epoch) VALUES (%s, 0) ON CONFLICT (name) DO NOTHING"
-        " RETURNING id"
+    find_producer: str = (
+        "SELECT id, name, epoch, used_ms, crc FROM {s}.producers WHERE name = %s FOR UPDATE"
     )
-    put_producer: str = "UPDATE {s}.producers SET epoch = %s, crc = %s WHERE id = %s"
+    insert_producer: str = (
+        "INSERT INTO {s}.producers (name, epoch, used_ms) VALUES (%s, 0, %s)"
+        " ON CONFLICT (name) DO NOTHING RETURNING id"
+    )
+    put_producer: str = "UPDATE {s}.producers SET epoch = %s, used_ms = %s, crc = %s WHERE id = %s"
+    # Producer expiry (expire_producers): every state and producer, verified in Python;
+    # the producers to change locked in id order (as commits take them) before any
+    # state row is deleted; a state deleted only if it is still the text read (a commit
+    # that wrote it meanwhile keeps it), a producer only if no state of it is left.
+    all_states: str = "SELECT stream_id, producer_id, state, crc FROM {s}.producer_streams"
+    states_of_stream: str = (
+        "SELECT stream_id, producer_id, state, crc FROM {s}.producer_streams WHERE stream_id = %s"
+    )
+    all_producers: str = "SELECT id, name, epoch, used_ms, crc FROM {s}.producers"
+    lock_producers: str = (
+        "SELECT id, name, epoch, used_ms, crc FROM {s}.producers"
+        " WHERE id = ANY(%s::bigint[]) ORDER BY id FOR UPDATE"
+    )
+    delete_states: str = (
+        "DELETE FROM {s}.producer_streams AS ps"
+        " USING unnest(%s::bigint[], %s::bigint[], %s::text[]) AS d(stream_id, producer_id, state)"
+        " WHERE ps.stream_id = d.stream_id AND ps.producer_id = d.producer_id"
+        " AND ps.state = d.state RETURNING ps.producer_id, ps.state"
+    )
+    producers_with_state: str = (
+        "SELECT DISTINCT producer_id FROM {s}.producer_streams"
+        " WHERE producer_id = ANY(%s::bigint[])"
+    )
+    delete_producers: str = "DELETE FROM {s}.producers WHERE id = ANY(%s::bigint[])"
     # Commit: the locks and everything the rules decide on, in one statement. Streams
     # are locked in name order (rows are sorted before they are locked), producers
     # after them in id order. A locked row is the latest version, but the producer
@@ -285,18 +314,19 @@ class _Queries:
     # stream's producer states also updates its row), which "fresh" tells by
     # comparing the locked row's xmin with the snapshot's. Otherwise load_states runs
     # as a statement of its own, after the locks. Rows of the three kinds share
-    # columns: (kind, id, text, number, crc, then the rest of a stream's row).
+    # columns: (kind, id, text, number, crc, then the rest of a stream's row; a
+    # producer's used_ms where a stream's start_offset is).
     lock_for_commit: str = (
         "WITH s AS (SELECT id, name, config, start_offset, end_offset, max_timestamp, unindexed,"
         " tail_gap, crc, xmin AS version FROM {s}.streams WHERE name = ANY(%(names)s::text[])"
         " ORDER BY name FOR UPDATE),"
-        " p AS (SELECT id, name, epoch, crc FROM {s}.producers"
+        " p AS (SELECT id, name, epoch, used_ms, crc FROM {s}.producers"
         " WHERE id = ANY(%(producers)s::bigint[]) ORDER BY id FOR SHARE)"
         " SELECT 0 AS kind, s.id, s.name, s.end_offset, s.crc, s.config, s.start_offset,"
         " s.max_timestamp, s.unindexed, s.tail_gap,"
         " (SELECT v.xmin = s.version FROM {s}.streams AS v WHERE v.id = s.id) AS fresh"
         " FROM s"
-        " UNION ALL SELECT 1, id, name, epoch, crc, NULL, NULL, NULL, NULL, NULL, NULL FROM p"
+        " UNION ALL SELECT 1, id, name, epoch, crc, NULL, used_ms, NULL, NULL, NULL, NULL FROM p"
         " UNION ALL SELECT 2, ps.stream_id, ps.state, ps.producer_id, ps.crc, NULL, NULL, NULL,"
         " NULL, NULL, NULL"
         " FROM s CROSS JOIN LATERAL (SELECT * FROM {s}.producer_streams AS ps"
@@ -783,7 +813,7 @@ class PostgresSequencer(Sequencer):
         try:
             with conn:
                 with conn.transaction():
-                    apply_migrations(conn, self.schema, self._where)
+                    apply_migrations(conn, self.schema, self._where, clock_ms(self._clock))
                 return _QUERIES.render(self.schema, conn)
         except psycopg.Error as exc:
             raise SequencerError(
@@ -978,6 +1008,11 @@ class PostgresSequencer(Sequencer):
             gone = [r[0] for r in conn.execute(self._q.delete_offsets_of_stream, (name,))]
             for group in sorted(set(locked) | set(gone)):
                 self._count_group(conn, group, -gone.count(group))
+            # the stream row is locked: no commit changes its producer states meanwhile
+            states = conn.execute(self._q.states_of_stream, (row.id,)).fetchall()
+            for state in states:
+                self._states.load(*state)  # verified before its time is trusted
+            self._keep_use(conn, self._last_writes(states), set())
             conn.execute(self._q.delete_stream, {"id": row.id})
             self._put_stream_count(conn, self._lock_stream_count(conn) - 1)
 
@@ -1056,29 +1091,115 @@ class PostgresSequencer(Sequencer):
             _check_text(name, "producer name")
 
         def work(conn: Connection) -> tuple[int, int]:
+            now_ms = clock_ms(self._clock)
             while True:  # until found or inserted: a concurrent init may insert it first
                 if name is not None:
                     row = conn.execute(self._q.find_producer, (name,)).fetchone()
                     if row is not None:
                         producer_id, epoch = self._producer(row)
-                        epoch += 1
-                        crc = row_crc((producer_id, name, epoch))
-                        conn.execute(self._q.put_producer, (epoch, crc, producer_id))
-                        return producer_id, epoch
-                inserted = conn.execute(self._q.insert_producer, (name,)).fetchone()
+                        used_ms = max(now_ms, int(row[3]))
+                        self._put_producer(conn, producer_id, name, epoch + 1, used_ms)
+                        return producer_id, epoch + 1
+                # an identity column: an id is never issued again, even once dropped
+                inserted = conn.execute(self._q.insert_producer, (name, now_ms)).fetchone()
                 if inserted is not None:
                     producer_id = int(inserted[0])
-                    crc = row_crc((producer_id, name, 0))
-                    conn.execute(self._q.put_producer, (0, crc, producer_id))
+                    self._put_producer(conn, producer_id, name, 0, now_ms)
                     return producer_id, 0
 
         return self._call(work, transaction=True)
 
     def _producer(self, row: Sequence[Any]) -> tuple[int, int]:
-        """``(id, epoch)`` of a verified ``(id, name, epoch, crc)`` producers row."""
-        if row_crc(row[:3]) != row[3]:
+        """``(id, epoch)`` of a verified ``(id, name, epoch, used_ms, crc)`` producers row."""
+        if row_crc(row[:4]) != row[4]:
             raise damaged_row(self._where, "producers", f"id {row[0]}")
         return int(row[0]), int(row[2])
+
+    def _put_producer(
+        self, conn: Connection, producer_id: int, name: str | None, epoch: int, used_ms: int
+    ) -> None:
+        crc = row_crc((producer_id, name, epoch, used_ms))
+        conn.execute(self._q.put_producer, (epoch, used_ms, crc, producer_id))
+
+    def expire_producers(self, older_than_ms: int, *, dry_run: bool = False) -> ProducerExpiry:
+        """One transaction: every state and producer row read and verified (a maintenance
+        pass's cost, once a minute at most, over a state expiry keeps bounded), then the
+        producers concerned locked in id order, as commits lock them, before states go.
+        A state a commit rewrote meanwhile, and a producer that has a state again, stay."""
+        check_expiry_age(older_than_ms)
+
+        def work(conn: Connection) -> ProducerExpiry:
+            cutoff = clock_ms(self._clock) - older_than_ms
+            old: list[tuple[int, int, str]] = []
+            left: set[int] = set()
+            for stream_id, producer_id, text, crc in conn.execute(self._q.all_states).fetchall():
+                state = self._states.load(stream_id, producer_id, text, crc)
+                if state.written_ms < cutoff:
+                    old.append((stream_id, producer_id, text))
+                else:
+                    left.add(producer_id)
+            written = self._last_writes(old)
+            candidates = []
+            for row in conn.execute(self._q.all_producers).fetchall():
+                producer_id, _ = self._producer(row)
+                if producer_id not in left and max(row[3], written.get(producer_id, 0)) < cutoff:
+                    candidates.append(producer_id)
+            if dry_run:
+                return ProducerExpiry(states=len(old), producers=len(candidates))
+            locked = self._lock_producers(conn, set(written) | set(candidates))
+            gone = conn.execute(
+                self._q.delete_states,
+                ([s for s, _, _ in old], [p for _, p, _ in old], [t for _, _, t in old]),
+            ).fetchall()
+            latest = self._last_writes([(0, p, t) for p, t in gone])
+            kept = {
+                int(r[0])
+                for r in conn.execute(self._q.producers_with_state, (candidates,)).fetchall()
+            }
+            doomed = [
+                p
+                for p in candidates
+                if p in locked and p not in kept and max(locked[p][3], latest.get(p, 0)) < cutoff
+            ]
+            self._keep_use(conn, latest, set(doomed), locked)
+            if doomed:
+                conn.execute(self._q.delete_producers, (doomed,))
+            return ProducerExpiry(states=len(gone), producers=len(doomed))
+
+        return self._call(work, transaction=True)
+
+    @staticmethod
+    def _last_writes(states: Sequence[Sequence[Any]]) -> dict[int, int]:
+        """Per producer, the latest write of ``(stream_id, producer_id, state, ...)`` rows
+        (verified or just read back from a verified text)."""
+        latest: dict[int, int] = {}
+        for row in states:
+            written = ProducerStreamState.from_json(row[2]).written_ms
+            latest[int(row[1])] = max(latest.get(int(row[1]), 0), written)
+        return latest
+
+    def _lock_producers(self, conn: Connection, ids: set[int]) -> dict[int, Sequence[Any]]:
+        """The producers rows of ``ids`` still there, locked in id order and verified."""
+        rows = conn.execute(self._q.lock_producers, (sorted(ids),)).fetchall()
+        return {self._producer(row)[0]: row for row in rows}
+
+    def _keep_use(
+        self,
+        conn: Connection,
+        latest: Mapping[int, int],
+        doomed: set[int],
+        locked: Mapping[int, Sequence[Any]] | None = None,
+    ) -> None:
+        """States going (their stream deleted, or expired) with these last writes per
+        producer: each producer's ``used_ms`` keeps them, so a producer is never taken
+        for idle while it wrote within the window (commits write only the state rows,
+        never the producer's). ``doomed`` producers are being dropped anyway."""
+        if locked is None:
+            locked = self._lock_producers(conn, set(latest))
+        for producer_id, written in latest.items():
+            row = locked.get(producer_id)
+            if row is not None and producer_id not in doomed and written > row[3]:
+                self._put_producer(conn, producer_id, row[1], int(row[2]), written)
 
     # ---------------------------------------------------------------- commits
 
@@ -1275,7 +1396,7 @@ class PostgresSequencer(Sequencer):
                 streams.append((row, cursor))
                 fresh = fresh and bool(current)
             elif kind == 1:
-                epochs.update([self._producer((key, text, value, crc))])
+                epochs.update([self._producer((key, text, value, rest[1], crc))])
             else:
                 texts.append((key, value, text, crc))
         for name in names:
@@ -1287,7 +1408,9 @@ class PostgresSequencer(Sequencer):
         states: dict[tuple[Any, int], ProducerStreamState] = {}
         for stream_id, producer_id, text, crc in texts:
             states[(stream_id, producer_id)] = self._states.load(stream_id, producer_id, text, crc)
-        plan = plan_commit(batches, cursors, epochs, states, TIME_INDEX_INTERVAL)
+        plan = plan_commit(
+            batches, cursors, epochs, states, TIME_INDEX_INTERVAL, clock_ms(self._clock)
+        )
         return plan, streams
 
     def record_orphan(self, object_key: str) -> None:

@@ -9,11 +9,14 @@ checksums and the columns that prove a stream's batches complete
 (:mod:`~disklesslog.sequencers.rows`) and fills them for the rows already there; step 4
 the checksummed count of the streams (``stream_count``), from the rows already there;
 step 5 the ``leases`` table (empty) and the checksummed count of its rows
-(``lease_count``, 0).
+(``lease_count``, 0); step 6 the time of each producer's last use (``used_ms``) and of
+each producer state's last write (in its JSON text), the migration's time for the rows
+already there.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
@@ -36,7 +39,7 @@ __all__ = ["CREATE_VERSION_TABLE", "MIGRATIONS", "SCHEMA_VERSION", "apply_migrat
 
 Connection = psycopg.Connection[Any]
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 """Version of the tables this code writes; a newer schema is refused, an older migrated."""
 
 
@@ -153,6 +156,14 @@ MIGRATIONS: dict[int, tuple[str, tuple[str, ...]]] = {
             " crc bigint)",
         ),
     ),
+    6: (
+        "producer expiry: when each producer was last used",
+        (
+            # ms of init_producer or of the last write of a state of it dropped since;
+            # a state's last write is in its JSON text. _time_producers fills them.
+            "ALTER TABLE {s}.producers ADD COLUMN used_ms bigint NOT NULL DEFAULT 0",
+        ),
+    ),
 }
 
 CREATE_VERSION_TABLE = (
@@ -164,8 +175,9 @@ CREATE_VERSION_TABLE = (
 _ADVISORY_LOCK_PREFIX = "disklesslog.sequencer.schema:"
 
 
-def apply_migrations(conn: Connection, schema: str, database: str) -> None:
-    """Bring ``schema`` to :data:`SCHEMA_VERSION` inside the caller's transaction.
+def apply_migrations(conn: Connection, schema: str, database: str, now_ms: int) -> None:
+    """Bring ``schema`` to :data:`SCHEMA_VERSION` inside the caller's transaction, at
+    ``now_ms`` (the sequencer's clock: the time step 6 gives the rows already there).
 
     The advisory lock (released by the transaction's end) makes concurrent openers of
     one schema take turns: the first creates, the others find it done. Checks use the
@@ -213,6 +225,8 @@ def apply_migrations(conn: Connection, schema: str, database: str) -> None:
             _count_streams(conn, schema, database)
         if target == 5:
             run("INSERT INTO {s}.lease_count (id, leases, crc) VALUES (0, 0, %s)", (row_crc((0,)),))
+        if target == 6 and version:
+            _time_producers(conn, schema, database, now_ms)
         run(
             "INSERT INTO {s}.schema_version (version, description) VALUES (%s, %s)",
             (target, description),
@@ -296,6 +310,44 @@ def _checksum_existing_rows(conn: Connection, schema: str, database: str) -> Non
     update(
         "INSERT INTO {s}.groups (group_name, streams, crc) VALUES (%s, %s, %s)",
         [(group, count, row_crc((group, count))) for group, count in counts],
+    )
+
+
+def _time_producers(conn: Connection, schema: str, database: str, now_ms: int) -> None:
+    """Schema version 6 on a schema written before it: every producer's last use and
+    every producer state's last write become ``now_ms``, each row verified first under
+    its old checksum (a damaged one refuses the migration, which changes nothing)."""
+    name = sql.Identifier(schema)
+
+    def run(template: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        cursor = conn.execute(sql.SQL(template).format(s=name), params)
+        return cursor.fetchall() if cursor.description else []
+
+    def update(template: str, rows: Sequence[Sequence[Any]]) -> None:
+        with conn.cursor() as cursor:
+            cursor.executemany(sql.SQL(template).format(s=name), rows)
+
+    producers = []
+    for producer_id, producer_name, epoch, crc in run(
+        "SELECT id, name, epoch, crc FROM {s}.producers"
+    ):
+        if row_crc((producer_id, producer_name, epoch)) != crc:
+            raise damaged_row(database, "producers", f"id {producer_id}")
+        values = (producer_id, producer_name, epoch, now_ms)
+        producers.append((now_ms, row_crc(values), producer_id))
+    update("UPDATE {s}.producers SET used_ms = %s, crc = %s WHERE id = %s", producers)
+    states = StateCache(database)
+    timed = []
+    for stream_id, producer_id, text, crc in run(
+        "SELECT stream_id, producer_id, state, crc FROM {s}.producer_streams"
+    ):
+        state = states.load(stream_id, producer_id, text, crc)
+        new = dataclasses.replace(state, written_ms=now_ms).to_json()
+        timed.append((new, row_crc((stream_id, producer_id, new)), stream_id, producer_id))
+    update(
+        "UPDATE {s}.producer_streams SET state = %s, crc = %s"
+        " WHERE stream_id = %s AND producer_id = %s",
+        timed,
     )
 
 

@@ -17,9 +17,11 @@ other producer's batch between them, stored). A batch is then, in this order:
 4. **out of order** otherwise: a gap or a partial overlap would lose or duplicate records.
    When the sequencer has no state at all for the producer on the stream, this is
    :class:`~disklesslog.UnknownProducerState` (Kafka's ``UNKNOWN_PRODUCER_ID``): state
-   is dropped only with the stream, so the stream was deleted and created again since
-   the producer last wrote there, and the writer may number it from 0 again (none of
-   its records can be in the new stream; nothing can be a duplicate).
+   is dropped with the stream (deleted and created again since the producer last wrote
+   there) or after ``producer_expiration_ms`` without a write
+   (:meth:`~disklesslog.sequencers.Sequencer.expire_producers`), so the writer may
+   number it from 0 again (none of its records can be in a new stream, and a retry of
+   records older than the window is no longer recognised).
 
 Kafka remembers five *batches*, which suffices for its five requests in flight. A
 writer here retries a whole commit, or a group of commits, which may hold any number of
@@ -37,7 +39,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from ..errors import OutOfOrderSequence, ProducerFenced, UnknownProducerState
+from ..errors import OutOfOrderSequence, ProducerFenced, UnknownProducerId, UnknownProducerState
 from .base import NO_PRODUCER, BatchToCommit
 
 __all__ = ["TRACKED_RUNS", "ProducerStreamState", "advance", "decide"]
@@ -54,18 +56,31 @@ class ProducerStreamState:
     accepted runs, oldest first, at most :data:`TRACKED_RUNS`: a batch of the run whose
     first sequence number is ``q`` has base offset ``base_offset + q - first_sequence``.
     (A state stored when every entry was a single batch reads the same way.)
+    ``written_ms`` is when the producer's last accepted write to the stream was
+    committed, by the sequencer's clock (milliseconds since the epoch): what
+    :meth:`~disklesslog.sequencers.Sequencer.expire_producers` ages it by.
     """
 
     epoch: int
     batches: tuple[tuple[int, int, int], ...] = ()
+    written_ms: int = 0
 
     def to_json(self) -> str:
-        return json.dumps([self.epoch, [list(b) for b in self.batches]])
+        return json.dumps([self.epoch, [list(b) for b in self.batches], self.written_ms])
 
     @classmethod
     def from_json(cls, text: str) -> ProducerStreamState:
-        epoch, batches = json.loads(text)
-        return cls(int(epoch), tuple((int(a), int(b), int(c)) for a, b, c in batches))
+        """The state :meth:`to_json` wrote; a state stored before states had a time
+        (``[epoch, runs]``) reads with ``written_ms`` 0 (the migration that added the
+        time set it to the migration's time)."""
+        epoch, batches, *written = json.loads(text)
+        if len(written) > 1:
+            raise ValueError("a producer state is [epoch, runs, written_ms]")
+        return cls(
+            int(epoch),
+            tuple((int(a), int(b), int(c)) for a, b, c in batches),
+            int(written[0]) if written else 0,
+        )
 
 
 def decide(
@@ -81,8 +96,10 @@ def decide(
     if batch.producer_id == NO_PRODUCER:
         return None
     if current_epoch is None:
-        raise ProducerFenced(
-            f"producer {batch.producer_id} is unknown to this sequencer; create a new writer"
+        raise UnknownProducerId(
+            f"producer {batch.producer_id} is unknown to this sequencer (dropped after "
+            "producer_expiration_ms without a write, or never issued by it); initialise "
+            "the producer again"
         )
     if batch.producer_epoch < current_epoch:
         raise ProducerFenced(
@@ -129,11 +146,12 @@ def decide(
 
 
 def advance(
-    state: ProducerStreamState | None, batch: BatchToCommit, base_offset: int
+    state: ProducerStreamState | None, batch: BatchToCommit, base_offset: int, now_ms: int
 ) -> ProducerStreamState:
-    """The (producer, stream) state after accepting ``batch`` at ``base_offset``: the
-    batch extends the last run if it follows it in both sequence and offset, else it
-    starts a new run (and the oldest of more than :data:`TRACKED_RUNS` is forgotten)."""
+    """The (producer, stream) state after accepting ``batch`` at ``base_offset``, committed
+    at ``now_ms``: the batch extends the last run if it follows it in both sequence and
+    offset, else it starts a new run (and the oldest of more than :data:`TRACKED_RUNS`
+    is forgotten)."""
     first = batch.base_sequence
     last = first + batch.record_count - 1
     runs: tuple[tuple[int, int, int], ...] = ()
@@ -143,7 +161,7 @@ def advance(
         run_first, run_last, run_base = runs[-1]
         if first == run_last + 1 and base_offset == run_base + first - run_first:
             return ProducerStreamState(
-                batch.producer_epoch, (*runs[:-1], (run_first, last, run_base))
+                batch.producer_epoch, (*runs[:-1], (run_first, last, run_base)), now_ms
             )
     kept = runs[-(TRACKED_RUNS - 1) :]
-    return ProducerStreamState(batch.producer_epoch, (*kept, (first, last, base_offset)))
+    return ProducerStreamState(batch.producer_epoch, (*kept, (first, last, base_offset)), now_ms)

@@ -76,7 +76,7 @@ LAYOUTS: dict[str, tuple[str, ...]] = {
         "unindexed",
         "tail_gap",
     ),
-    "producers": ("id", "name", "epoch"),
+    "producers": ("id", "name", "epoch", "used_ms"),
     "producer_streams": ("stream_id", "producer_id", "state"),
     "objects": ("key", "live_batches", "dead_since"),
     "batches": (

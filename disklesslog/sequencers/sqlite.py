@@ -104,6 +104,7 @@ from .base import (
     BatchPage,
     BatchToCommit,
     CommitResult,
+    ProducerExpiry,
     Sequencer,
     StreamMeta,
     TransactionResult,
@@ -116,6 +117,7 @@ from .common import (
     StreamCursor,
     already_known,
     check_batches,
+    check_expiry_age,
     check_keys,
     check_new_batches,
     check_object_key,
@@ -123,6 +125,7 @@ from .common import (
     check_old_ids,
     check_position,
     check_transaction,
+    clock_ms,
     config_copy,
     forget_after_fork,
     merged_config,
@@ -180,6 +183,8 @@ QUICK_CHECK_MAX_BYTES = 64 << 20
 """Up to this size, opening runs ``PRAGMA quick_check`` (pages and b-trees, not index
 contents; about 190 MB/s, so at most ~0.35 s); larger files are not checked on open."""
 
+_PRODUCER = "SELECT id, name, epoch, used_ms, crc FROM producers"
+"""A producers row as :meth:`SqliteSequencer._producer` verifies it."""
 _WRITE = "BEGIN IMMEDIATE"
 _LOCK_RETRY_FIRST = 0.0005  # seconds; retries of a held write lock grow to _LOCK_RETRY_MAX
 _LOCK_RETRY_MAX = 0.005
@@ -748,7 +753,7 @@ class SqliteSequencer(Sequencer):
                 raise self._lost("holds no tables")  # rolls back: nothing is created
             if 0 < version < SCHEMA_VERSION:
                 self._check_file(db, "integrity_check")
-            migrate(db, self.path, version)
+            migrate(db, self.path, version, clock_ms(self._clock))
 
     def _switch_to_wal(self) -> str:
         """``PRAGMA journal_mode = WAL``, retried: it needs an exclusive lock, and SQLite
@@ -807,6 +812,14 @@ class SqliteSequencer(Sequencer):
             olds = self._batches(db, row, "b.stream_id = ? ORDER BY b.last_offset", (row.id,))
             gone = db.execute("DELETE FROM batches WHERE stream_id = ?", (row.id,)).rowcount
             self._released(db, row, olds, gone, now)
+            self._keep_use(
+                db,
+                db.execute(
+                    "SELECT stream_id, producer_id, state, crc FROM producer_streams"
+                    " WHERE stream_id = ?",
+                    (row.id,),
+                ).fetchall(),
+            )
             for table in ("producer_streams", "time_index"):
                 db.execute(f"DELETE FROM {table} WHERE stream_id = ?", (row.id,))
             groups = [
@@ -882,32 +895,86 @@ class SqliteSequencer(Sequencer):
     def init_producer(self, name: str | None = None) -> tuple[int, int]:
         if name is not None and (not isinstance(name, str) or not name):
             raise ConfigError(f"a producer name must be a non-empty str or None, not {name!r}")
+        now_ms = clock_ms(self._clock)
         with self._transaction(_WRITE) as db:
             if name is not None:
-                found = db.execute(
-                    "SELECT id, name, epoch, crc FROM producers WHERE name = ?", (name,)
-                ).fetchone()
+                found = db.execute(_PRODUCER + " WHERE name = ?", (name,)).fetchone()
                 if found is not None:
                     producer_id, epoch = self._producer(found)
-                    values = (producer_id, name, epoch + 1)
-                    db.execute(
-                        "UPDATE producers SET epoch = ?, crc = ? WHERE id = ?",
-                        (epoch + 1, row_crc(values), producer_id),
-                    )
+                    self._put_producer(db, producer_id, name, epoch + 1, max(now_ms, found[3]))
                     return producer_id, epoch + 1
-            cursor = db.execute("INSERT INTO producers (name, epoch) VALUES (?, 0)", (name,))
-            producer_id = _rowid(cursor)
-            db.execute(
-                "UPDATE producers SET crc = ? WHERE id = ?",
-                (row_crc((producer_id, name, 0)), producer_id),
+            # AUTOINCREMENT: an id is never issued again, even after its row is dropped
+            cursor = db.execute(
+                "INSERT INTO producers (name, epoch, used_ms) VALUES (?, 0, ?)", (name, now_ms)
             )
+            producer_id = _rowid(cursor)
+            self._put_producer(db, producer_id, name, 0, now_ms)
             return producer_id, 0
 
     def _producer(self, row: Sequence[Any]) -> tuple[int, int]:
-        """``(id, epoch)`` of a verified ``(id, name, epoch, crc)`` producers row."""
-        if row_crc(row[:3]) != row[3]:
+        """``(id, epoch)`` of a verified ``(id, name, epoch, used_ms, crc)`` producers row."""
+        if row_crc(row[:4]) != row[4]:
             raise damaged_row(self.path, "producers", f"id {row[0]}")
         return row[0], row[2]
+
+    @staticmethod
+    def _put_producer(
+        db: sqlite3.Connection, producer_id: int, name: str | None, epoch: int, used_ms: int
+    ) -> None:
+        db.execute(
+            "UPDATE producers SET epoch = ?, used_ms = ?, crc = ? WHERE id = ?",
+            (epoch, used_ms, row_crc((producer_id, name, epoch, used_ms)), producer_id),
+        )
+
+    def expire_producers(self, older_than_ms: int, *, dry_run: bool = False) -> ProducerExpiry:
+        """Reads every producer and producer-state row (verified) in one transaction and
+        deletes the idle ones by key: a maintenance pass's cost, once a minute at most,
+        over a state that expiry itself keeps bounded."""
+        check_expiry_age(older_than_ms)
+        cutoff = clock_ms(self._clock) - older_than_ms
+        with self._transaction(_SNAPSHOT if dry_run else _WRITE) as db:
+            old: list[tuple[Any, int, str, int]] = []
+            left: set[int] = set()
+            written: dict[int, int] = {}
+            for row in db.execute(
+                "SELECT stream_id, producer_id, state, crc FROM producer_streams"
+            ).fetchall():
+                state = self._states.load(*row)
+                if state.written_ms < cutoff:
+                    old.append(row)
+                    written[row[1]] = max(written.get(row[1], 0), state.written_ms)
+                else:
+                    left.add(row[1])
+            doomed: list[int] = []
+            for found in db.execute(_PRODUCER).fetchall():
+                producer_id, _ = self._producer(found)
+                if producer_id not in left and max(found[3], written.get(producer_id, 0)) < cutoff:
+                    doomed.append(producer_id)
+            if not dry_run:
+                self._keep_use(db, old)
+                db.executemany(
+                    "DELETE FROM producer_streams WHERE stream_id = ? AND producer_id = ?",
+                    [row[:2] for row in old],
+                )
+                db.executemany("DELETE FROM producers WHERE id = ?", [(p,) for p in doomed])
+        return ProducerExpiry(states=len(old), producers=len(doomed))
+
+    def _keep_use(self, db: sqlite3.Connection, rows: Sequence[Sequence[Any]]) -> None:
+        """Producer-state rows ``(stream_id, producer_id, state, crc)`` about to be
+        deleted (their stream deleted, or expired): their producers' ``used_ms`` keeps
+        their last writes, so a producer is never taken for idle while it wrote within
+        the window (a commit writes only the state row, not the producer's)."""
+        latest: dict[int, int] = {}
+        for stream_id, producer_id, text, crc in rows:
+            state = self._states.load(stream_id, producer_id, text, crc)
+            latest[producer_id] = max(latest.get(producer_id, 0), state.written_ms)
+        for chunk in _chunks(sorted(latest)):
+            for found in db.execute(
+                _PRODUCER + f" WHERE id IN ({_marks(len(chunk))})", chunk
+            ).fetchall():
+                producer_id, epoch = self._producer(found)
+                if latest[producer_id] > found[3]:
+                    self._put_producer(db, producer_id, found[1], epoch, latest[producer_id])
 
     # ---------------------------------------------------------------- commits
 
@@ -948,16 +1015,15 @@ class SqliteSequencer(Sequencer):
                 touched.setdefault(b.producer_id, set()).add(c.key)  # type: ignore[arg-type]
         epochs = self._load_epochs(db, list(touched))
         states = self._load_states(db, touched)
-        plan = plan_commit(batches, cursors, epochs, states, TIME_INDEX_INTERVAL)
+        plan = plan_commit(
+            batches, cursors, epochs, states, TIME_INDEX_INTERVAL, clock_ms(self._clock)
+        )
         return plan, streams
 
     def _load_epochs(self, db: sqlite3.Connection, producer_ids: list[int]) -> dict[int, int]:
         epochs: dict[int, int] = {}
         for chunk in _chunks(producer_ids):
-            rows = db.execute(
-                f"SELECT id, name, epoch, crc FROM producers WHERE id IN ({_marks(len(chunk))})",
-                chunk,
-            )
+            rows = db.execute(_PRODUCER + f" WHERE id IN ({_marks(len(chunk))})", chunk)
             epochs.update(self._producer(row) for row in rows)
         return epochs
 

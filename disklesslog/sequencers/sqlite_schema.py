@@ -7,11 +7,15 @@ row checksums and the columns that prove a stream's batches complete
 (:mod:`~disklesslog.sequencers.rows`) and fills them for the rows already there; step 4
 the checksummed count of the streams (``stream_count``), from the rows already there;
 step 5 the ``leases`` table (empty) and the checksummed count of its rows
-(``lease_count``, 0).
+(``lease_count``, 0); step 6 the time of each producer's last use (``used_ms``) and of
+each producer state's last write (in its JSON text), the migration's time for the rows
+already there, so nothing counts as idle before a whole ``producer_expiration_ms`` has
+passed since the upgrade.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import sqlite3
 from collections.abc import Sequence
 
@@ -29,7 +33,7 @@ from .rows import (
 
 __all__ = ["MIGRATIONS", "SCHEMA_VERSION", "migrate", "schema_version", "stored_version"]
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 """Version of the tables this code writes; a newer file is refused, an older migrated."""
 
 MIGRATIONS: dict[int, tuple[str, ...]] = {
@@ -132,6 +136,12 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
         " leases INTEGER NOT NULL,"
         " crc INTEGER)",
     ),
+    6: (
+        # Producer expiry: when each producer was last used (init_producer, or the last
+        # write of a state of it dropped since), in ms; _time_producers fills it. A
+        # state's last write is in its JSON text, which its crc covers already.
+        "ALTER TABLE producers ADD COLUMN used_ms INTEGER NOT NULL DEFAULT 0",
+    ),
 }
 
 
@@ -161,9 +171,9 @@ def schema_version(db: sqlite3.Connection, path: str) -> int:
         raise damaged_row(path, "meta", "'schema_version'", f"it holds {row[0]!r}") from None
 
 
-def migrate(db: sqlite3.Connection, path: str, version: int) -> None:
-    """Bring a file of ``version`` (0: empty) to :data:`SCHEMA_VERSION`; refuses a newer
-    one untouched."""
+def migrate(db: sqlite3.Connection, path: str, version: int, now_ms: int) -> None:
+    """Bring a file of ``version`` (0: empty) to :data:`SCHEMA_VERSION` at ``now_ms``
+    (the sequencer's clock); refuses a newer one untouched."""
     if version > SCHEMA_VERSION:
         raise SequencerError(
             f"{path} has sequencer schema version {version}, written by a newer "
@@ -181,6 +191,8 @@ def migrate(db: sqlite3.Connection, path: str, version: int) -> None:
             db.execute(
                 "INSERT INTO lease_count (id, leases, crc) VALUES (0, 0, ?)", (row_crc((0,)),)
             )
+        if target == 6 and version:
+            _time_producers(db, path, now_ms)
     if version < SCHEMA_VERSION:
         db.execute(
             "INSERT OR REPLACE INTO meta (key, value) VALUES ('schema_version', ?)",
@@ -272,6 +284,31 @@ def _count_streams(db: sqlite3.Connection, path: str) -> None:
     (count,) = db.execute("SELECT count(*) FROM streams").fetchone()
     db.execute(
         "INSERT INTO stream_count (id, streams, crc) VALUES (0, ?, ?)", (count, row_crc((count,)))
+    )
+
+
+def _time_producers(db: sqlite3.Connection, path: str, now_ms: int) -> None:
+    """Schema version 6 on a database written before it: every producer's last use and
+    every producer state's last write become ``now_ms``, each row verified first under
+    its old checksum (a damaged one refuses the migration, the file left as it was)."""
+    for producer_id, name, epoch, crc in db.execute(
+        "SELECT id, name, epoch, crc FROM producers"
+    ).fetchall():
+        if row_crc((producer_id, name, epoch)) != crc:
+            raise damaged_row(path, "producers", f"id {producer_id}")
+    db.execute("UPDATE producers SET used_ms = ?", (now_ms,))
+    _checksum_rows(db, "producers", ("id", "name", "epoch", "used_ms"), ("id",))
+    states = StateCache(path)
+    updates = []
+    for stream_id, producer_id, text, crc in db.execute(
+        "SELECT stream_id, producer_id, state, crc FROM producer_streams"
+    ).fetchall():
+        state = states.load(stream_id, producer_id, text, crc)
+        timed = dataclasses.replace(state, written_ms=now_ms).to_json()
+        updates.append((timed, row_crc((stream_id, producer_id, timed)), stream_id, producer_id))
+    db.executemany(
+        "UPDATE producer_streams SET state = ?, crc = ? WHERE stream_id = ? AND producer_id = ?",
+        updates,
     )
 
 

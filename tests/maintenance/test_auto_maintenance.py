@@ -229,6 +229,37 @@ def test_automatic_maintenance_runs_the_housekeeping(
         _wait_for(deleted, 30, "housekeeping deleted superseded entries")
 
 
+def test_automatic_maintenance_expires_idle_producers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A writer's producer idle past ``producer_expiration_ms`` is forgotten without
+    any call (the log-wide steps made to run every round), and the writer goes on
+    appending after it: offsets continue, nothing twice, nothing missing."""
+    monkeypatch.setattr(auto, "LOG_WIDE_EVERY_MS", 0)
+    with (
+        disklesslog.open(
+            f"file://{tmp_path}/log",
+            backend="objects",
+            maintenance_interval_ms=INTERVAL_MS,
+            producer_expiration_ms=50,
+        ) as log,
+        log.writer(linger_ms=0, producer="app") as writer,
+    ):
+        first = writer.producer
+        assert [writer.append("s", b"%d" % i).result() for i in range(3)] == [0, 1, 2]
+
+        def expired() -> bool:
+            changed = log.maintenance_status().operations["housekeeping"].last_changed
+            return changed is not None and "idle producers" in changed
+
+        _wait_for(expired, 30, "housekeeping expired the idle producer")
+        assert [writer.append("s", b"%d" % i).result() for i in range(3, 6)] == [3, 4, 5]
+        assert writer.producer[0] != first[0]
+        assert [(r.offset, r.value) for r in log.stream("s").read()] == [
+            (i, b"%d" % i) for i in range(6)
+        ]
+
+
 def test_automatic_maintenance_prunes_released_leases(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

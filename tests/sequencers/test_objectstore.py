@@ -30,9 +30,11 @@ from disklesslog.errors import (
     SequencerError,
     StorageError,
     StreamNotFound,
+    UnknownProducerId,
 )
 from disklesslog.sequencers import (
     BatchToCommit,
+    ProducerExpiry,
     objectstore_format,
     open_sequencer,
 )
@@ -570,3 +572,81 @@ def test_checkpoints_spread_out_as_the_state_grows(local_root: str) -> None:
     per_entry = objectstore_module.CHECKPOINT_BATCHES_PER_ENTRY
     assert max(gaps) <= 2 * max(1, live // (per_entry * 2))  # ...within the bound
     assert open_local(local_root).snapshot() == seq.snapshot()
+
+
+# ------------------------------------------------------------------ producer expiry
+
+
+def test_replicas_agree_after_an_expiry_entry(local_root: str) -> None:
+    """Expiry is one entry that every replica applies with the entry's own time: two
+    handles, and a replica opened afresh from a checkpoint and the entries after it,
+    hold the same producer state; a pass that finds nothing writes no entry."""
+    clock = Clock()
+    a = open_local(local_root, clock=clock, checkpoint_every=3)
+    b = open_local(local_root, clock=clock, checkpoint_every=3)
+    a.create_stream("s", {})
+    old, kept = a.init_producer("old"), a.init_producer()
+    a.commit("o1", [batch("s", producer=old, seq=0)])
+    clock.now += 100
+    b.commit("o2", [batch("s", producer=kept, seq=0)])
+    tail = b.tail
+    assert b.expire_producers(60_000, dry_run=True) == ProducerExpiry(1, 1)
+    assert b.tail == tail  # a dry run writes nothing
+    assert b.expire_producers(60_000).producers == 1
+    assert b.tail == tail + 1
+    assert a.expire_producers(60_000) == ProducerExpiry()
+    assert b.tail == tail + 1  # nothing left to drop: no entry
+    with pytest.raises(UnknownProducerId):
+        a.commit("o3", [batch("s", producer=old, seq=1)])
+    assert a.snapshot() == b.snapshot()
+    assert open_local(local_root).snapshot() == a.snapshot()
+    names = [row[0] for row in a.snapshot()["producer_names"]]
+    assert names == []
+
+
+def _version_2_checkpoint(
+    entry: int, state: dict[str, Any], recent: list[bytes], chain: bytes
+) -> bytes:
+    """``state`` (a current snapshot) as a version 2 checkpoint had it: producer rows
+    without times."""
+    import struct
+
+    import crc32c
+    import zstandard
+
+    state = dict(state)
+    state["producers"] = [row[:2] for row in state["producers"]]
+    state["streams"] = [[*row[:9], [p[:3] for p in row[9]]] for row in state["streams"]]
+    body = msgpack.packb({"state": state, "recent": recent, "chain": chain}, use_bin_type=True)
+    frame = zstandard.ZstdCompressor(write_checksum=True).compress(body)
+    fields = struct.pack("<QQ", len(frame), entry)
+    crc = crc32c.crc32c(fields + frame)
+    return objectstore_format.CHECKPOINT_MAGIC_V2 + struct.pack("<I", crc) + fields + frame
+
+
+def test_a_version_2_checkpoint_gives_producer_state_its_own_time(local_root: str) -> None:
+    """A checkpoint written before producer state had times still loads; its producers
+    and states get the checkpoint's time, so none expires before the window has passed
+    since it was written."""
+    clock = Clock()
+    writer = open_local(local_root, clock=clock)
+    writer.create_stream("s", {})
+    p = writer.init_producer()
+    writer.commit("o1", [batch("s", producer=p, seq=0)])
+    clock.now += 500
+    path = writer.write_checkpoint()
+    replica = writer._replica
+    data = _version_2_checkpoint(
+        replica.tail, replica.state.snapshot(), list(replica.recent), replica.chain
+    )
+    Path(path).write_bytes(data)
+    stamp = int(Path(path).name.split("-")[1])
+    assert stamp == int(clock.now * 1000)
+    loaded = open_local(local_root, clock=clock)
+    state = loaded.snapshot()
+    assert state["producers"] == [[p[0], 0, stamp]]
+    assert state["streams"][0][9] == [[p[0], 0, [[0, 0, 0]], stamp]]
+    assert loaded.expire_producers(400_000) == ProducerExpiry()
+    clock.now += 401
+    assert loaded.expire_producers(400_000) == ProducerExpiry(1, 1)
+    assert loaded.verify() == []

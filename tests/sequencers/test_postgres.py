@@ -9,6 +9,7 @@ works in schemas of its own, dropped afterwards."""
 from __future__ import annotations
 
 import contextlib
+import json
 import multiprocessing
 import os
 import random
@@ -33,7 +34,7 @@ from disklesslog.errors import (
     ProducerFenced,
     SequencerError,
 )
-from disklesslog.sequencers import BatchToCommit, CommitResult, open_sequencer
+from disklesslog.sequencers import BatchToCommit, CommitResult, ProducerExpiry, open_sequencer
 from disklesslog.sequencers import postgres as pg_module
 from disklesslog.sequencers import postgres_schema as pg_schema
 from disklesslog.sequencers.postgres import (
@@ -43,6 +44,7 @@ from disklesslog.sequencers.postgres import (
     validate_schema_name,
 )
 from disklesslog.sequencers.rows import row_crc
+from disklesslog.testing.contracts import FakeClock
 from disklesslog.testing.servers.postgres import drop_schema
 
 pytestmark = pytest.mark.postgres
@@ -363,7 +365,7 @@ def test_an_old_schema_is_migrated_with_checksums(schema_url: str, version: int)
         assert [b.base_offset for b in seq.find_batches("a", 10, BIG).batches] == [12]
         expected = {"a": (3, 6)} if version >= 2 else {}
         assert seq.commit_transaction("t1", []).ranges == expected
-    assert [v for v, _ in _versions(schema_url)] == [1, 2, 3, 4, 5]
+    assert [v for v, _ in _versions(schema_url)] == [1, 2, 3, 4, 5, 6]
     schema = _schema_of(schema_url)
     counted = _sql(schema_url, "SELECT * FROM {s}.stream_count", schema=schema)
     assert counted == [(0, 2, row_crc((2,)))]
@@ -413,8 +415,8 @@ def test_an_old_schema_that_is_damaged_is_not_migrated(
 
 def _version_3_schema(url: str) -> None:
     """A schema as the release of version 3 left it (version 4 only adds
-    ``stream_count``, version 5 ``leases`` and ``lease_count``): streams ``a`` (one
-    batch) and ``b``."""
+    ``stream_count``, version 5 ``leases`` and ``lease_count``, version 6 producers'
+    ``used_ms``): streams ``a`` (one batch) and ``b``, no producer."""
     with PostgresSequencer(url) as seq:
         seq.create_stream("a", {})
         seq.create_stream("b", {})
@@ -423,7 +425,68 @@ def _version_3_schema(url: str) -> None:
     _sql(url, "DROP TABLE {s}.stream_count", schema=schema)
     _sql(url, "DROP TABLE {s}.leases", schema=schema)
     _sql(url, "DROP TABLE {s}.lease_count", schema=schema)
+    _sql(url, "ALTER TABLE {s}.producers DROP COLUMN used_ms", schema=schema)
     _sql(url, "DELETE FROM {s}.schema_version WHERE version >= 4", schema=schema)
+
+
+def _version_5_schema(url: str, clock: FakeClock) -> tuple[int, int]:
+    """A schema as the release of version 5 left it (version 6 adds each producer's
+    ``used_ms`` and each state's last write to its JSON text): stream ``a`` with two
+    records of named producer ``w``, whose ``(id, epoch)`` is returned."""
+    with PostgresSequencer(url, clock=clock) as seq:
+        seq.create_stream("a", {})
+        producer = seq.init_producer("w")
+        seq.commit("o1", [BatchToCommit("a", 0, 10, 2, 2, 5, *producer, 0)])
+    schema = _schema_of(url)
+    for stream_id, producer_id, state in _sql(
+        url, "SELECT stream_id, producer_id, state FROM {s}.producer_streams", schema=schema
+    ):
+        old = json.dumps(json.loads(state)[:2])
+        _sql(
+            url,
+            "UPDATE {s}.producer_streams SET state = %s, crc = %s",
+            (old, row_crc((stream_id, producer_id, old))),
+            schema=schema,
+        )
+    _sql(url, "ALTER TABLE {s}.producers DROP COLUMN used_ms", schema=schema)
+    for row in _sql(url, "SELECT id, name, epoch FROM {s}.producers", schema=schema):
+        _sql(url, "UPDATE {s}.producers SET crc = %s", (row_crc(row),), schema=schema)
+    _sql(url, "DELETE FROM {s}.schema_version WHERE version >= 6", schema=schema)
+    return producer
+
+
+def test_a_version_5_schema_gets_producer_times(schema_url: str) -> None:
+    """Schema version 6 gives every producer and producer state of a version 5 schema
+    the migration's time, under checksums: the state still deduplicates, nothing
+    expires before a whole window has passed since the upgrade, and then it does."""
+    clock = FakeClock()
+    producer = _version_5_schema(schema_url, clock)
+    clock.advance(3600)
+    with PostgresSequencer(schema_url, clock=clock) as seq:
+        retry = seq.commit("o1", [BatchToCommit("a", 0, 10, 2, 2, 5, *producer, 0)])
+        assert retry == [CommitResult(0, duplicate=True)]
+        assert seq.expire_producers(60_000) == ProducerExpiry()
+        clock.advance(61)
+        assert seq.expire_producers(60_000) == ProducerExpiry(states=1, producers=1)
+        again = seq.init_producer("w")
+        assert again[0] > producer[0] and again[1] == 0  # the id is not issued again
+    assert [v for v, _ in _versions(schema_url)] == [1, 2, 3, 4, 5, 6]
+    rows = _sql(
+        schema_url,
+        "SELECT id, name, epoch, used_ms, crc FROM {s}.producers",
+        schema=_schema_of(schema_url),
+    )
+    assert [r[:4] for r in rows] == [(again[0], "w", 0, 1_700_003_661_000)]
+    assert row_crc(rows[0][:4]) == rows[0][4]
+
+
+def test_a_damaged_version_5_producer_is_not_migrated(schema_url: str) -> None:
+    clock = FakeClock()
+    _version_5_schema(schema_url, clock)
+    _sql(schema_url, "UPDATE {s}.producers SET epoch = 7", schema=_schema_of(schema_url))
+    with pytest.raises(CorruptDataError, match="producers"):
+        PostgresSequencer(schema_url, clock=clock)
+    assert [v for v, _ in _versions(schema_url)] == [1, 2, 3, 4, 5]
 
 
 def test_a_version_3_schema_gets_its_streams_counted(schema_url: str) -> None:
@@ -437,7 +500,7 @@ def test_a_version_3_schema_gets_its_streams_counted(schema_url: str) -> None:
         assert seq.commit("o2", [BatchToCommit("a", 0, 10, 1, 1, 6)]) == [CommitResult(2)]
         assert seq.acquire_lease("m", "w", 1_000) is not None  # version 5 made its table
     schema = _schema_of(schema_url)
-    assert [v for v, _ in _versions(schema_url)] == [1, 2, 3, 4, 5]
+    assert [v for v, _ in _versions(schema_url)] == [1, 2, 3, 4, 5, 6]
     counted = _sql(schema_url, "SELECT * FROM {s}.stream_count", schema=schema)
     assert counted == [(0, 2, row_crc((2,)))]
 

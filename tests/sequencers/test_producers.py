@@ -98,7 +98,7 @@ def test_consecutive_batches_form_one_run() -> None:
     of a commit holding any number of one stream's batches is recognised."""
     state = None
     for i in range(50):
-        state = advance(state, b(i * 2, 2), 1000 + i * 2)
+        state = advance(state, b(i * 2, 2), 1000 + i * 2, 0)
     assert state is not None and state.batches == ((0, 99, 1000),)
     assert [decide(state, 0, b(i * 2, 2)) for i in range(50)] == [1000 + i * 2 for i in range(50)]
 
@@ -106,7 +106,7 @@ def test_consecutive_batches_form_one_run() -> None:
 def test_advance_keeps_the_last_five_runs() -> None:
     state = None
     for i in range(7):  # offsets jump: another producer wrote between these batches
-        state = advance(state, b(i * 2, 2), i * 10)
+        state = advance(state, b(i * 2, 2), i * 10, 0)
     assert state is not None
     assert len(state.batches) == TRACKED_RUNS == 5
     assert state.batches[0] == (4, 5, 20)
@@ -117,7 +117,7 @@ def test_advance_keeps_the_last_five_runs() -> None:
 
 
 def test_advance_into_a_new_epoch_forgets_the_old_history() -> None:
-    state = advance(history((0, 4, 0), (5, 9, 5)), b(0, 3, epoch=1), 50)
+    state = advance(history((0, 4, 0), (5, 9, 5)), b(0, 3, epoch=1), 50, 0)
     assert state == ProducerStreamState(1, ((0, 2, 50),))
 
 

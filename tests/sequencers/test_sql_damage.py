@@ -550,6 +550,18 @@ DAMAGES: dict[str, tuple[str, tuple[Any, ...], str, Callable[[Sequencer], Any]]]
         "producer_streams",
         lambda seq: seq.commit("objects/x", [BatchToCommit("a", 0, 1, 3, 3, 1, 1, 0, 120)]),
     ),
+    "a producer's last use, seen by expiry": (
+        "UPDATE {t}producers SET used_ms = used_ms - 1 WHERE name = 'writer'",
+        (),
+        "producers",
+        lambda seq: seq.expire_producers(0),
+    ),
+    "a producer state's last write, seen by expiry": (
+        "UPDATE {t}producer_streams SET state = rtrim(state, ']') || '9]'",
+        (),
+        "producer_streams",
+        lambda seq: seq.expire_producers(0),
+    ),
     "a time-index entry": (
         "UPDATE {t}time_index SET next_offset = next_offset + 3",
         (),

@@ -4,6 +4,7 @@ URL. (Everything every sequencer promises is in ``test_contract.py``.)"""
 from __future__ import annotations
 
 import contextlib
+import json
 import multiprocessing
 import random
 import sqlite3
@@ -15,7 +16,13 @@ from pathlib import Path
 import pytest
 
 from disklesslog.errors import CorruptDataError, InvalidURL, LogClosedError, SequencerError
-from disklesslog.sequencers import BatchToCommit, CommitResult, open_sequencer, sqlite_schema
+from disklesslog.sequencers import (
+    BatchToCommit,
+    CommitResult,
+    ProducerExpiry,
+    open_sequencer,
+    sqlite_schema,
+)
 from disklesslog.sequencers.memory import MemorySequencer, reset_memory_sequencers
 from disklesslog.sequencers.rows import row_crc
 from disklesslog.sequencers.sqlite import (
@@ -23,6 +30,7 @@ from disklesslog.sequencers.sqlite import (
     SqliteSequencer,
     parse_sqlite_url,
 )
+from disklesslog.testing.contracts import FakeClock
 
 SPAWN = multiprocessing.get_context("spawn")
 STREAMS = ("s0", "s1", "s2")
@@ -208,7 +216,7 @@ def test_an_old_database_is_migrated_with_checksums(tmp_path: Path, version: int
         else:
             assert seq.commit_transaction("t1", []).ranges == {}
     with contextlib.closing(sqlite3.connect(path)) as db:
-        assert db.execute("SELECT value FROM meta").fetchall() == [("5",)]
+        assert db.execute("SELECT value FROM meta").fetchall() == [("6",)]
         assert db.execute("SELECT * FROM stream_count").fetchall() == [(0, 2, row_crc((2,)))]
         for table in ("streams", "producers", "producer_streams", "objects", "batches"):
             assert db.execute(f"SELECT count(*) FROM {table} WHERE crc IS NULL").fetchone() == (0,)
@@ -252,8 +260,8 @@ def test_an_old_database_that_is_damaged_is_not_migrated(
 
 def _version_3_database(path: Path) -> None:
     """A database as the release of schema version 3 left it (version 4 only adds
-    ``stream_count``, version 5 ``leases`` and ``lease_count``): streams ``a`` (one
-    batch) and ``b``."""
+    ``stream_count``, version 5 ``leases`` and ``lease_count``, version 6 producers'
+    ``used_ms``): streams ``a`` (one batch) and ``b``."""
     with SqliteSequencer(path) as seq:
         seq.create_stream("a", {})
         seq.create_stream("b", {})
@@ -262,6 +270,7 @@ def _version_3_database(path: Path) -> None:
         db.execute("DROP TABLE stream_count")
         db.execute("DROP TABLE leases")
         db.execute("DROP TABLE lease_count")
+        db.execute("ALTER TABLE producers DROP COLUMN used_ms")  # version 6's (no producers)
         db.execute("UPDATE meta SET value = '3' WHERE key = 'schema_version'")
 
 
@@ -277,8 +286,69 @@ def test_a_version_3_database_gets_its_streams_counted(tmp_path: Path) -> None:
         assert seq.commit("o2", [BatchToCommit("a", 0, 10, 1, 1, 6)]) == [CommitResult(2)]
         assert seq.acquire_lease("m", "w", 1_000) is not None  # version 5 made its table
     with contextlib.closing(sqlite3.connect(path)) as db:
-        assert db.execute("SELECT value FROM meta").fetchall() == [("5",)]
+        assert db.execute("SELECT value FROM meta").fetchall() == [("6",)]
         assert db.execute("SELECT * FROM stream_count").fetchall() == [(0, 2, row_crc((2,)))]
+
+
+def _version_5_database(path: Path, clock: FakeClock) -> tuple[int, int]:
+    """A database as the release of schema version 5 left it (version 6 adds each
+    producer's ``used_ms`` and each state's last write to its JSON text): stream ``a``
+    with two records of named producer ``w``, whose ``(id, epoch)`` is returned."""
+    with SqliteSequencer(path, clock=clock) as seq:
+        seq.create_stream("a", {})
+        producer = seq.init_producer("w")
+        seq.commit("o1", [BatchToCommit("a", 0, 10, 2, 2, 5, *producer, 0)])
+    with contextlib.closing(sqlite3.connect(path)) as db, db:
+        for stream_id, producer_id, state in db.execute(
+            "SELECT stream_id, producer_id, state FROM producer_streams"
+        ).fetchall():
+            old = json.dumps(json.loads(state)[:2])
+            db.execute(
+                "UPDATE producer_streams SET state = ?, crc = ? WHERE stream_id = ?"
+                " AND producer_id = ?",
+                (old, row_crc((stream_id, producer_id, old)), stream_id, producer_id),
+            )
+        db.execute("ALTER TABLE producers DROP COLUMN used_ms")
+        for row in db.execute("SELECT id, name, epoch FROM producers").fetchall():
+            db.execute("UPDATE producers SET crc = ? WHERE id = ?", (row_crc(row), row[0]))
+        db.execute("UPDATE meta SET value = '5' WHERE key = 'schema_version'")
+    return producer
+
+
+def test_a_version_5_database_gets_producer_times(tmp_path: Path) -> None:
+    """Schema version 6 gives every producer and producer state of a version 5 file the
+    migration's time, under checksums: the state still deduplicates, nothing expires
+    before a whole window has passed since the upgrade, and then it does."""
+    path, clock = tmp_path / "meta.db", FakeClock()
+    producer = _version_5_database(path, clock)
+    clock.advance(3600)
+    with SqliteSequencer(path, clock=clock) as seq:
+        retry = seq.commit("o1", [BatchToCommit("a", 0, 10, 2, 2, 5, *producer, 0)])
+        assert retry == [CommitResult(0, duplicate=True)]
+        assert seq.expire_producers(60_000) == ProducerExpiry()
+        clock.advance(61)
+        assert seq.expire_producers(60_000) == ProducerExpiry(states=1, producers=1)
+        again = seq.init_producer("w")
+        assert again[0] > producer[0] and again[1] == 0  # the id is not issued again
+    with contextlib.closing(sqlite3.connect(path)) as db:
+        assert db.execute("SELECT value FROM meta").fetchall() == [("6",)]
+        rows = db.execute("SELECT id, name, epoch, used_ms, crc FROM producers").fetchall()
+        assert [(r[0], r[1], r[2], r[3]) for r in rows] == [(again[0], "w", 0, 1_700_003_661_000)]
+        assert row_crc(rows[0][:4]) == rows[0][4]
+
+
+def test_a_damaged_version_5_producer_is_not_migrated(tmp_path: Path) -> None:
+    """Version 6 rewrites every producer row's checksum, so it verifies the old one
+    first: a damaged row refuses the migration and the file stays at version 5."""
+    path, clock = tmp_path / "meta.db", FakeClock()
+    _version_5_database(path, clock)
+    with contextlib.closing(sqlite3.connect(path)) as db, db:
+        db.execute("UPDATE producers SET epoch = 7")
+    with pytest.raises(CorruptDataError, match="producers"):
+        SqliteSequencer(path, clock=clock)
+    with contextlib.closing(sqlite3.connect(path)) as db:
+        assert db.execute("SELECT value FROM meta").fetchall() == [("5",)]
+    assert "used_ms" not in _columns(path, "producers")
 
 
 @pytest.mark.parametrize("table", ["batches", "producer_streams", "time_index"])

@@ -26,6 +26,7 @@ from disklesslog.errors import (
     SequencerError,
     StreamNotFound,
     TransactionError,
+    UnknownProducerId,
     UnknownProducerState,
 )
 from disklesslog.leases import LeaseRecord
@@ -34,6 +35,7 @@ from disklesslog.sequencers import (
     BatchLocation,
     BatchToCommit,
     CommitResult,
+    ProducerExpiry,
     Sequencer,
     TransactionResult,
 )
@@ -644,6 +646,100 @@ class SequencerContract(LeaseContract):
         with pytest.raises(ProducerFenced):
             sequencer.commit("o2", [batch("a", producer=(pid, epoch + 1), seq=0)])
         assert sequencer.stream_info("a").end_offset == 0
+
+    # ------------------------------------------------------------- producer expiry
+
+    def test_producer_state_idle_past_the_window_expires(
+        self, sequencer: Sequencer, clock: FakeClock
+    ) -> None:
+        """A (producer, stream) state whose last write is older than the window goes; a
+        recent one stays. Within the window a retry is still a duplicate; after it the
+        producer's next batch there must start at 0 again (UnknownProducerState)."""
+        make(sequencer, "a", "b")
+        p = sequencer.init_producer()
+        sequencer.commit("o1", [batch("a", 2, producer=p, seq=0)])
+        clock.advance(10)
+        sequencer.commit("o2", [batch("b", 2, producer=p, seq=0)])
+        clock.advance(5)
+        retry = sequencer.commit("o1", [batch("a", 2, producer=p, seq=0)])
+        assert retry == [CommitResult(0, duplicate=True)]  # a retry does not renew it
+        assert sequencer.expire_producers(12_000) == ProducerExpiry(states=1, producers=0)
+        with pytest.raises(UnknownProducerState):
+            sequencer.commit("o3", [batch("a", 1, producer=p, seq=2)])
+        assert offsets(sequencer.commit("o3", [batch("a", 1, producer=p, seq=0)])) == [2]
+        retry = sequencer.commit("o2", [batch("b", 2, producer=p, seq=0)])
+        assert retry == [CommitResult(0, duplicate=True)]  # b's state was kept
+        assert sequencer.expire_producers(12_000) == ProducerExpiry()
+
+    def test_an_idle_producer_is_dropped_and_its_id_never_issued_again(
+        self, sequencer: Sequencer, clock: FakeClock
+    ) -> None:
+        """A producer with no state left and no use within the window goes, a named one
+        with its name: its id is refused with UnknownProducerId (a ProducerFenced), and
+        no id issued before is ever issued again."""
+        make(sequencer, "a")
+        anonymous = sequencer.init_producer()
+        named = sequencer.init_producer("w")
+        unused = sequencer.init_producer()
+        sequencer.commit("o1", [batch("a", 1, producer=anonymous, seq=0)])
+        clock.advance(60)
+        recent = sequencer.init_producer()
+        assert sequencer.expire_producers(30_000) == ProducerExpiry(states=1, producers=3)
+        for gone, seq in ((anonymous, 1), (named, 0), (unused, 0)):
+            with pytest.raises(UnknownProducerId):
+                sequencer.commit("o2", [batch("a", 1, producer=gone, seq=seq)])
+        assert offsets(sequencer.commit("o2", [batch("a", 1, producer=recent, seq=0)])) == [1]
+        again = sequencer.init_producer("w")
+        fresh = [sequencer.init_producer() for _ in range(3)]
+        issued = [anonymous, named, unused, recent]
+        assert again[1] == 0 and all(p[1] == 0 for p in fresh)
+        assert len({pid for pid, _ in [*issued, again, *fresh]}) == len(issued) + 4
+        assert offsets(sequencer.commit("o3", [batch("a", 1, producer=again, seq=0)])) == [2]
+
+    def test_a_producer_that_wrote_within_the_window_is_kept(
+        self, sequencer: Sequencer, clock: FakeClock
+    ) -> None:
+        """A producer's last use counts its writes, also to a stream deleted since, and
+        a named producer initialised again within the window keeps fencing its zombie."""
+        make(sequencer, "a")
+        p = sequencer.init_producer("w")
+        clock.advance(50)
+        sequencer.commit("o1", [batch("a", 1, producer=p, seq=0)])
+        clock.advance(5)
+        sequencer.delete_stream("a")
+        clock.advance(15)  # 70 s after the init, 20 s after the write
+        assert sequencer.expire_producers(30_000) == ProducerExpiry()
+        make(sequencer, "a")
+        assert offsets(sequencer.commit("o2", [batch("a", 1, producer=p, seq=0)])) == [0]
+        newer = sequencer.init_producer("w")
+        clock.advance(20)
+        assert sequencer.expire_producers(30_000) == ProducerExpiry()
+        with pytest.raises(ProducerFenced):
+            sequencer.commit("o3", [batch("a", 1, producer=p, seq=1)])
+        assert newer == (p[0], p[1] + 1)
+
+    def test_expiry_dry_run_changes_nothing(self, sequencer: Sequencer, clock: FakeClock) -> None:
+        make(sequencer, "a")
+        p = sequencer.init_producer()
+        sequencer.commit("o1", [batch("a", 2, producer=p, seq=0)])
+        clock.advance(60)
+        assert sequencer.expire_producers(1_000, dry_run=True) == ProducerExpiry(1, 1)
+        assert sequencer.expire_producers(1_000, dry_run=True) == ProducerExpiry(1, 1)
+        retry = sequencer.commit("o1", [batch("a", 2, producer=p, seq=0)])
+        assert retry == [CommitResult(0, duplicate=True)]
+        assert sequencer.expire_producers(1_000) == ProducerExpiry(1, 1)
+        assert sequencer.expire_producers(1_000, dry_run=True) == ProducerExpiry()
+
+    def test_bad_expiry_ages_are_refused(self, sequencer: Sequencer, clock: FakeClock) -> None:
+        make(sequencer, "a")
+        p = sequencer.init_producer()
+        sequencer.commit("o1", [batch("a", 2, producer=p, seq=0)])
+        clock.advance(60)
+        for bad in (-1, 1.5, True, "1000", None, 1 << 63):
+            with pytest.raises(ConfigError):
+                sequencer.expire_producers(bad)  # type: ignore[arg-type]
+        retry = sequencer.commit("o1", [batch("a", 2, producer=p, seq=0)])
+        assert retry == [CommitResult(0, duplicate=True)]
 
     def test_producer_names_must_be_non_empty_strings(self, sequencer: Sequencer) -> None:
         for bad in ("", 5):
