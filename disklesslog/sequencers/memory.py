@@ -15,7 +15,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Hashable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from sortedcontainers import SortedDict
@@ -79,12 +79,12 @@ from .common import (
 
 @dataclass(eq=False, slots=True)  # identity hash: streams key producer states in a commit
 class _Stream:
-    """One stream of the state. A stream loaded from a snapshot keeps its batches and
-    time index as the snapshot's rows until something first needs them: building two
-    sorted maps per stream is most of what loading a wide state would cost (about 40 us
-    a map, seconds for 100,000 streams), and most streams of a wide log are never
-    touched by a process that opens it. :meth:`MemorySequencer.snapshot` writes rows not
-    yet loaded back as they came."""
+    """One stream of the state. A stream loaded from a snapshot keeps its batches, time
+    index and producer states as the snapshot's rows until something first needs them:
+    building two sorted maps and the states per stream is most of what loading a wide
+    state would cost (about 40 us a map, seconds for 100,000 streams), and most streams
+    of a wide log are never touched by a process that opens it.
+    :meth:`MemorySequencer.snapshot` writes rows not yet loaded back as they came."""
 
     id: int
     name: str
@@ -94,13 +94,31 @@ class _Stream:
     end: int = 0
     max_timestamp: int | None = None
     unindexed: int = 0
-    producers: dict[int, ProducerStreamState] = field(default_factory=dict)
     batch_rows: list[list[Any]] | None = None
     """Snapshot rows of the live batches, until :attr:`batches` is first used."""
     index_rows: list[list[int]] | None = None
     """Snapshot rows of the time index, until :attr:`time_index` is first used."""
+    producer_rows: list[list[Any]] | None = None
+    """Snapshot rows of the producer states, until :attr:`producers` is first used."""
+    rows_written_ms: int = 0
+    """The write time of producer rows stored before states had one."""
     loaded_batches: Any = None
     loaded_index: Any = None
+    loaded_producers: dict[int, ProducerStreamState] | None = None
+
+    @property
+    def producers(self) -> dict[int, ProducerStreamState]:
+        """producer id -> its state on this stream."""
+        if self.loaded_producers is None:
+            missing = self.rows_written_ms
+            self.loaded_producers = {
+                pid: ProducerStreamState(
+                    epoch, tuple(map(tuple, tracked)), written[0] if written else missing
+                )
+                for pid, epoch, tracked, *written in self.producer_rows or ()
+            }
+            self.producer_rows = None
+        return self.loaded_producers
 
     @property
     def batches(self) -> Any:
@@ -134,6 +152,19 @@ class _Stream:
                 b.max_timestamp,
             ]
             for b in self.loaded_batches.values()
+        ]
+
+    def producer_snapshot(self) -> list[list[Any]]:
+        """The producer states as snapshot rows, by producer id (the loaded rows
+        themselves if unused and all have their time)."""
+        if self.loaded_producers is None:
+            rows = self.producer_rows or []
+            if all(len(row) == 4 for row in rows):
+                return rows
+            return [[*row, self.rows_written_ms] if len(row) == 3 else row for row in rows]
+        return [
+            [pid, st.epoch, [list(b) for b in st.batches], st.written_ms]
+            for pid, st in sorted(self.loaded_producers.items())
         ]
 
     def index_snapshot(self) -> list[list[int]]:
@@ -619,10 +650,7 @@ class MemorySequencer(Sequencer):
                     s.unindexed,
                     s.batch_snapshot(),
                     s.index_snapshot(),
-                    [
-                        [pid, st.epoch, [list(b) for b in st.batches], st.written_ms]
-                        for pid, st in sorted(s.producers.items())
-                    ],
+                    s.producer_snapshot(),
                 ]
                 for s in sorted(self._streams.values(), key=lambda s: s.name)
             ]
@@ -673,12 +701,9 @@ class MemorySequencer(Sequencer):
                     seq._batch_index[batch[0]] = (stream, batch[4])
             if index:
                 stream.index_rows = index
-            for pid, epoch, tracked, *written in producers:
-                stream.producers[pid] = ProducerStreamState(
-                    epoch,
-                    tuple((a, b, c) for a, b, c in tracked),
-                    written[0] if written else missing_ms,
-                )
+            if producers:
+                stream.producer_rows = producers
+                stream.rows_written_ms = missing_ms
             seq._streams[name] = stream
         seq._next_stream_id = snapshot["next_stream_id"]
         for pid, epoch, *used in snapshot["producers"]:

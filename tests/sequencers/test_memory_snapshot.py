@@ -1,7 +1,7 @@
 """A state loaded from a snapshot behaves as the state it was taken from.
 
-``MemorySequencer.from_snapshot`` leaves each stream's batches and time index as the
-snapshot's rows until something first uses them (what makes a wide object-store
+``MemorySequencer.from_snapshot`` leaves each stream's batches, time index and producer
+states as the snapshot's rows until something first uses them (what makes a wide object-store
 sequencer open fast). These tests run every operation that reads or changes them on
 streams not yet used, beside the same operation on the original, and compare answers
 and snapshots after each step.
