@@ -115,6 +115,7 @@ from ..storage.atomic import replace_file
 __all__ = [
     "BLOCK_OVERHEAD",
     "DISK_RESCAN_SECONDS",
+    "WRITTEN_SHARE",
     "BlockCache",
     "block_cost",
     "configure_default_cache",
@@ -169,6 +170,15 @@ class _Flight:
         self.epoch = epoch
 
 
+WRITTEN_SHARE = 4
+"""Blocks a process put with :meth:`BlockCache.put_object` (objects it wrote) that no
+read has used yet may take at most ``max_bytes // WRITTEN_SHARE`` of the memory tier.
+A writer puts every object it uploads, for the tailing readers of its own process, who
+read them within moments or not at all; without the share, a process that only writes
+(or whose readers lag far behind) filled the whole tier with them, and kept them there
+after another process's maintenance deleted them. A block read is an ordinary block."""
+
+
 def block_cost(key: str, data: bytes) -> int:
     """What the memory tier's byte bound counts for one block: its payload, its key's
     characters and :data:`BLOCK_OVERHEAD`."""
@@ -211,7 +221,10 @@ class BlockCache:
         self._disk_max_bytes = _check_size("disk_max_bytes", disk_max_bytes)
         self._lock = threading.Lock()
         self._memory: OrderedDict[_BlockKey, bytes] = OrderedDict()  # oldest use first
-        self._memory_bytes = 0
+        # Put by put_object and not read since, oldest first; never also in _memory.
+        self._written: OrderedDict[_BlockKey, bytes] = OrderedDict()
+        self._memory_bytes = 0  # both: what max_bytes bounds
+        self._written_bytes = 0
         self._inflight: dict[_BlockKey, _Flight] = {}
         self._epoch = 0  # bumped by invalidate/clear/refresh: loads begun before do not cache
         self._unconfirmed: set[_BlockKey] = set()  # in memory, fetched for a checked read
@@ -343,6 +356,10 @@ class BlockCache:
                     data = self._memory.get(block)
                     if data is not None:
                         self._memory.move_to_end(block)
+                    elif (data := self._written.pop(block, None)) is not None:
+                        self._memory[block] = data  # read at last: an ordinary block
+                        self._written_bytes -= block_cost(key, data)
+                    if data is not None:
                         blocks[index] = data
                         hits += 1
                     else:
@@ -471,22 +488,40 @@ class BlockCache:
         flight.error = error
         flight.done.set()
 
-    def _remember(self, block: _BlockKey, data: bytes) -> bool:
-        """Insert a block as the most recently used; evict to the byte bound; whether it
-        was cached (not if larger than the bound). Lock held."""
+    def _remember(self, block: _BlockKey, data: bytes, *, written: bool = False) -> bool:
+        """Insert a block as the most recently used (``written``: one put, not read,
+        held to :data:`WRITTEN_SHARE`); evict to the byte bounds; whether it was cached
+        (not if larger than its bound). Lock held."""
         self._drop(block)
         cost = block_cost(block[0], data)
-        if cost > self._max_bytes:
+        if cost > (self._max_bytes // WRITTEN_SHARE if written else self._max_bytes):
             self._counters["uncacheable"] += 1
             return False
-        self._memory[block] = data
         self._memory_bytes += cost
+        if written:
+            self._written[block] = data
+            self._written_bytes += cost
+            while self._written_bytes > self._max_bytes // WRITTEN_SHARE:
+                self._evict(self._written)
+        else:
+            self._memory[block] = data
         while self._memory_bytes > self._max_bytes:
-            victim, evicted = self._memory.popitem(last=False)
-            self._memory_bytes -= block_cost(victim[0], evicted)
-            self._unconfirmed.discard(victim)  # an unconfirmed block never reaches the disk
-            self._counters["evictions"] += 1
+            # Read blocks first (written ones are held to their share), but never the
+            # one just inserted: each bound alone leaves room for it.
+            older_read = len(self._memory) > (0 if written else 1)
+            self._evict(self._memory if older_read else self._written)
         return True
+
+    def _evict(self, blocks: OrderedDict[_BlockKey, bytes]) -> None:
+        """Evict the least recently used of ``blocks`` (``_memory`` or ``_written``).
+        Lock held."""
+        victim, evicted = blocks.popitem(last=False)
+        cost = block_cost(victim[0], evicted)
+        self._memory_bytes -= cost
+        if blocks is self._written:
+            self._written_bytes -= cost
+        self._unconfirmed.discard(victim)  # an unconfirmed block never reaches the disk
+        self._counters["evictions"] += 1
 
     def _drop(self, block: _BlockKey) -> None:
         """Forget a block in memory (and that it awaits confirmation). Lock held."""
@@ -494,6 +529,11 @@ class BlockCache:
         if old is not None:
             self._memory_bytes -= block_cost(block[0], old)
             self._unconfirmed.discard(block)
+        old = self._written.pop(block, None)
+        if old is not None:
+            cost = block_cost(block[0], old)
+            self._memory_bytes -= cost
+            self._written_bytes -= cost
 
     def _assemble(
         self, blocks: dict[int, bytes], start: int, end: int, first: int, last: int
@@ -525,7 +565,9 @@ class BlockCache:
 
     def put_object(self, key: str, data: bytes | bytearray | memoryview) -> None:
         """Insert a whole object this process just wrote, as its most recently used
-        blocks (the last block may be short), in memory and, if enabled, on disk."""
+        blocks (the last block may be short), in memory and, if enabled, on disk. Until
+        read, such blocks share at most ``max_bytes // WRITTEN_SHARE`` of memory
+        (:data:`WRITTEN_SHARE`), the oldest evicted first."""
         _check_key(key)
         if not isinstance(data, (bytes, bytearray, memoryview)):
             raise ConfigError(f"object data must be bytes-like, not {type(data).__name__}")
@@ -540,7 +582,7 @@ class BlockCache:
         with self._lock:
             epoch = self._epoch
             for index, piece in enumerate(pieces):
-                self._remember((key, index), piece)
+                self._remember((key, index), piece, written=True)
         if self._disk is not None:
             for index, piece in enumerate(pieces):
                 self._disk.store(key, index, piece, lambda: epoch == self._epoch)
@@ -585,6 +627,7 @@ class BlockCache:
             self._epoch += 1
             if indices is None:
                 doomed = {block for block in self._memory if block[0] == key}
+                doomed.update(block for block in self._written if block[0] == key)
                 doomed.update(block for block in self._inflight if block[0] == key)
             else:
                 doomed = {(key, index) for index in indices}
@@ -623,7 +666,8 @@ class BlockCache:
         with self._lock:
             self._epoch += 1
             self._memory.clear()
-            self._memory_bytes = 0
+            self._written.clear()
+            self._memory_bytes = self._written_bytes = 0
             self._unconfirmed.clear()
             self._inflight.clear()
         if self._disk is not None:
@@ -632,6 +676,8 @@ class BlockCache:
     def stats(self) -> dict[str, int]:
         """Sizes, limits and counters: ``memory_bytes`` (what ``max_bytes`` bounds: the
         blocks' :func:`block_cost`, bookkeeping included), ``memory_blocks``,
+        ``written_bytes`` and ``written_blocks`` (of those, put and not read since:
+        bounded by ``max_bytes // WRITTEN_SHARE``),
         ``disk_bytes``, ``disk_blocks``, ``in_flight``, ``hits``, ``misses``,
         ``disk_hits``, ``waits``, ``fetches``, ``evictions``, ``disk_writes``,
         ``disk_evictions``, ``disk_discards``, ``unconfirmed`` (blocks of checked reads
@@ -641,7 +687,9 @@ class BlockCache:
                 "block_size": self._block_size,
                 "max_bytes": self._max_bytes,
                 "memory_bytes": self._memory_bytes,
-                "memory_blocks": len(self._memory),
+                "memory_blocks": len(self._memory) + len(self._written),
+                "written_bytes": self._written_bytes,
+                "written_blocks": len(self._written),
                 "in_flight": len(self._inflight),
                 "unconfirmed": len(self._unconfirmed),
                 **self._counters,

@@ -27,6 +27,7 @@ from disklesslog.metrics import Metrics
 from disklesslog.storage import cache as cache_module
 from disklesslog.storage.cache import (
     BLOCK_OVERHEAD,
+    WRITTEN_SHARE,
     BlockCache,
     block_cost,
     configure_default_cache,
@@ -221,13 +222,13 @@ def test_eviction_counts_bytes_not_blocks() -> None:
 
 
 def test_the_bound_counts_each_blocks_overhead_so_tiny_blocks_cannot_overrun_it() -> None:
-    """A writer of 100-byte objects puts 100-byte blocks: counted by payload alone, a
+    """Reads of 100-byte objects cache 100-byte blocks: counted by payload alone, a
     bound of 100 such blocks held 280 of them and 2.5 times the memory it allowed."""
     key = "file:///var/log/streams/objects/0000000000000000-abc.obj"
     bound = 100 * (100 + len(key) + BLOCK_OVERHEAD)
     cache = BlockCache(max_bytes=bound)
     for n in range(1000):
-        cache.put_object(key.replace("abc", f"{n:03d}"), DATA[:100])
+        cache.read(key.replace("abc", f"{n:03d}"), 0, 100, Source(DATA[:100]))
         assert cache.stats()["memory_bytes"] <= bound
     stats = cache.stats()
     assert stats["memory_blocks"] == 100
@@ -463,16 +464,39 @@ def test_put_object_accepts_bytes_and_bytearray_and_small_objects() -> None:
 
 
 def test_put_objects_are_the_most_recently_used() -> None:
-    cache = BlockCache(max_bytes=_cost(3, "old"), block_size=10)
+    cache = BlockCache(max_bytes=_cost(8, "old"), block_size=10)  # 2 blocks put, unread
     source = Source()
-    cache.read("old", 0, 30, source)
+    cache.read("old", 0, 80, source)
     cache.put_object("new", DATA[:20])
     assert cache.read("new", 0, 20, Source(b"")) == DATA[:20]
     source.calls.clear()
-    cache.read("old", 20, 30, source)
+    cache.read("old", 20, 80, source)
     assert source.calls == []  # the newest of the old blocks survived
     cache.read("old", 0, 10, source)
     assert source.calls == [(0, 10)]
+
+
+def test_blocks_put_and_not_read_keep_to_their_share_of_the_bound() -> None:
+    """A process that writes and never reads what it wrote holds at most
+    max_bytes // WRITTEN_SHARE of it (the newest), whatever it writes, and what its
+    readers cached stays; a block read is an ordinary block, no longer in the share."""
+    cache = BlockCache(max_bytes=_cost(WRITTEN_SHARE * 4, "o-000"), block_size=10)
+    source = Source()
+    cache.read("o-old", 0, 30, source)  # 3 blocks read
+    cache.put_object("o-001", DATA[:10])
+    assert cache.read("o-001", 0, 10, Source(b"")) == DATA[:10]  # read: leaves the share
+    for n in range(2, 100):
+        cache.put_object(f"o-{n:03d}", DATA[:10])
+        stats = cache.stats()
+        assert stats["written_bytes"] <= _cost(4, "o-000")
+        assert stats["memory_bytes"] <= cache.max_bytes
+    assert (stats["written_blocks"], stats["memory_blocks"]) == (4, 4 + 3 + 1)
+    for n in range(96, 100):  # the newest four
+        assert cache.read(f"o-{n:03d}", 0, 10, Source(b"")) == DATA[:10]
+    source.calls.clear()
+    assert cache.read("o-old", 0, 30, source) == DATA[:30]
+    assert cache.read("o-001", 0, 10, source) == DATA[:10]
+    assert source.calls == []
 
 
 # ---------------------------------------------------------------------------- invalidate
