@@ -4,8 +4,9 @@ and for the tiered segments of local logs.
 Readers fetch byte ranges of immutable, write-once objects. Every range goes through
 :meth:`BlockCache.read`, which serves it from cached *blocks* and fetches only what is
 missing; writers hand each object they upload to :meth:`BlockCache.put_object`, because
-the object a process just wrote is the one its readers (tailing consumers) want next,
-and maintenance hands those it deletes to :meth:`BlockCache.forget_objects`, so a
+the object a process just wrote is the one its readers (tailing consumers) want next.
+Until read, such blocks keep to a share of the memory tier (:data:`WRITTEN_SHARE`), and
+maintenance hands the objects it deletes to :meth:`BlockCache.forget_objects`, so a
 writer's cache holds what is live rather than its whole history up to the bound.
 The goal (docs/decisions/0006-block-cache.md): one object is downloaded at most once
 per process while it stays hot.
