@@ -148,8 +148,18 @@ characters, which the byte bound counts with them (:func:`block_cost`). Measured
 ``tracemalloc`` on CPython 3.11, 64-bit, over 50,000 blocks: 160 B for the LRU entry (the
 ``(key, index)`` tuple, its ``OrderedDict`` slot and link), 33 B for the ``bytes``
 header, 49 B for the key ``str``'s header (each key string is the cache's own: callers
-build it per call), rounded up. Without it a cache of 100-byte objects, which is what a
-writer of small flushes puts in, held 2.5 times its bound."""
+build it per call), rounded up. Without it, a cache of 100-byte blocks (what a writer
+of small flushes puts in) with 60-character keys held about 4 times its bound: 100
+bytes counted of the ~400 each block takes."""
+
+WRITTEN_SHARE = 4
+"""Blocks a process put with :meth:`BlockCache.put_object` (objects it wrote) that no
+read has used yet may take at most ``max_bytes // WRITTEN_SHARE`` of the memory tier.
+A writer puts every object it uploads, for the tailing readers of its own process, who
+read them within moments or not at all; without the share, a process that only writes
+(or whose readers lag far behind) filled the whole tier with them, and kept them there
+after another process's maintenance deleted them. A block read is an ordinary block."""
+
 
 _COUNTERS = ("hits", "misses", "disk_hits", "waits", "fetches", "evictions", "uncacheable")
 
@@ -169,15 +179,6 @@ class _Flight:
         self.data: bytes | None = None
         self.error: Exception | None = None
         self.epoch = epoch
-
-
-WRITTEN_SHARE = 4
-"""Blocks a process put with :meth:`BlockCache.put_object` (objects it wrote) that no
-read has used yet may take at most ``max_bytes // WRITTEN_SHARE`` of the memory tier.
-A writer puts every object it uploads, for the tailing readers of its own process, who
-read them within moments or not at all; without the share, a process that only writes
-(or whose readers lag far behind) filled the whole tier with them, and kept them there
-after another process's maintenance deleted them. A block read is an ordinary block."""
 
 
 def block_cost(key: str, data: bytes) -> int:
@@ -644,8 +645,8 @@ class BlockCache:
     def forget_objects(self, sizes: Mapping[str, int]) -> None:
         """The objects ``key -> size in bytes`` were deleted from storage: drop their
         blocks from memory and disk, which would otherwise hold them until their turn to
-        be evicted (a writer's cache is full of the objects it uploaded and its
-        maintenance deleted). Looks up each block (``size`` says how many; 0 for an
+        be evicted (a writer's cache holds the objects it uploaded, which its maintenance
+        deletes once retention drops them). Looks up each block (``size`` says how many; 0 for an
         unknown size means the first only), never scans the cache, and unlike
         :meth:`invalidate` leaves loads under way alone: a deleted object's bytes were
         right, and one a slow reader still loads is cached like any other block."""

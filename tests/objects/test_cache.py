@@ -223,7 +223,7 @@ def test_eviction_counts_bytes_not_blocks() -> None:
 
 def test_the_bound_counts_each_blocks_overhead_so_tiny_blocks_cannot_overrun_it() -> None:
     """Reads of 100-byte objects cache 100-byte blocks: counted by payload alone, a
-    bound of 100 such blocks held 280 of them and 2.5 times the memory it allowed."""
+    bound of 100 such blocks held 412 of them, about 4 times the memory it allowed."""
     key = "file:///var/log/streams/objects/0000000000000000-abc.obj"
     bound = 100 * (100 + len(key) + BLOCK_OVERHEAD)
     cache = BlockCache(max_bytes=bound)
