@@ -133,12 +133,12 @@ def _delete(
     report: MaintenanceReport,
     dry_run: bool,
 ) -> int:
-    """Delete ``keys`` from storage and count those the listing saw; returns their bytes.
-    (Their blocks in the read cache are left to its LRU: invalidating them one object
-    at a time would scan the cache and cancel the caching of reads under way.)"""
+    """Delete ``keys`` from storage and from the read cache (where a writer's uploads
+    stay until evicted), and count those the listing saw; returns their bytes."""
     present = [key for key in keys if key in stored]
     size = sum(stored[key] for key in present)
     report.add(objects_deleted=len(present), bytes_deleted=size)
     if not dry_run:
         object_log.storage.delete(keys)
+        object_log.uncache_objects({key: stored.get(key, 0) for key in keys})
     return size

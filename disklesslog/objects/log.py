@@ -355,6 +355,13 @@ class ObjectLog(AbstractLog):
         if self._cache is not None:
             self._cache.put_object(f"{self.storage.url}/{key}", data)
 
+    def uncache_objects(self, sizes: Mapping[str, int]) -> None:
+        """Objects (``key -> size``) were deleted from storage: drop them from the cache,
+        which would otherwise keep them, deleted, until its bound evicts them."""
+        if self._cache is not None:
+            url = self.storage.url
+            self._cache.forget_objects({f"{url}/{key}": size for key, size in sizes.items()})
+
     # ------------------------------------------------------------ maintenance
 
     def compact(

@@ -18,6 +18,7 @@ from disklesslog.format import encode_batch
 from disklesslog.objects import gc as gc_module
 from disklesslog.objects.storage import ObjectStorage
 from disklesslog.sequencers.base import BatchToCommit
+from disklesslog.storage.cache import BlockCache
 
 LATER = int(time.time() * 1000) + 3_600_000
 HOUR_NS = 3_600 * 10**9
@@ -159,3 +160,17 @@ def test_a_read_holding_collected_locations_finds_the_new_ones(object_maintenanc
     objects.storage.delete([next(objects.live_batches("a")).object_key])  # by hand
     with pytest.raises(DataLossError, match="still references"):
         list(log.stream("a").read())
+
+
+def test_collected_objects_leave_the_block_cache(object_maintenance_factory) -> None:  # type: ignore[no-untyped-def]
+    """A writer puts each object it uploads into the block cache; those collected must
+    leave it, or a long-running writer's cache fills with deleted objects (up to its
+    whole budget: 256 MB by default, ~0.5 KB per flush of a small object)."""
+    cache = BlockCache()
+    log = object_maintenance_factory(cache=cache)
+    _fill_and_merge(log)
+    before = {s: rows(log, s) for s in ("a", "b")}
+    assert cache.stats()["memory_blocks"] >= 20  # the WAL objects, as uploaded
+    assert log.collect_garbage(grace_seconds=0).objects_deleted == 20
+    assert cache.stats()["memory_blocks"] <= len(stored(log)) == 2
+    assert {s: rows(log, s) for s in ("a", "b")} == before

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import gc
 import threading
+import time
+import tracemalloc
 
 import disklesslog
+from disklesslog.storage.cache import BlockCache
 
 STREAMS = ("a", "b", "c")
 
@@ -50,3 +54,45 @@ def take_over_producer(url: str, sequencer: str | None, producer: str, value: by
         log.writer(producer=producer, linger_ms=0) as writer,
     ):
         return writer.append("s", value).result()
+
+
+def _flush_and_maintain(log: disklesslog.Log, flushes: int, start: int, streams: int) -> None:
+    """``flushes`` appends of one 100-byte record, the streams in turn, maintenance
+    every 100."""
+    for n in range(start, start + flushes):
+        log.stream(f"s{n % streams}").append(b"v" * 100)
+        if (n + 1) % 100 == 0:
+            log.maintain(grace_seconds=0)
+
+
+def writer_memory_growth(
+    url: str, sequencer: str, warm: int, window: int, streams: int
+) -> tuple[list[float], int]:
+    """In a fresh process (nothing else allocating): ``warm`` flushes, then the memory
+    that each of two windows of ``window`` flushes added, per flush (tracemalloc), and
+    the blocks the log's cache holds at the end."""
+    cache = BlockCache()
+    with disklesslog.open(
+        url,
+        backend="objects",
+        sequencer=sequencer,
+        cache=cache,
+        retention_ms=100,
+        maintenance="off",
+    ) as log:
+        for s in range(streams):
+            log.create_stream(f"s{s}")
+        _flush_and_maintain(log, warm, 0, streams)
+        time.sleep(0.2)
+        growth: list[float] = []
+        tracemalloc.start()
+        try:
+            for n in range(2):
+                gc.collect()
+                before = tracemalloc.get_traced_memory()[0]
+                _flush_and_maintain(log, window, warm + window * n, streams)
+                gc.collect()
+                growth.append((tracemalloc.get_traced_memory()[0] - before) / window)
+        finally:
+            tracemalloc.stop()
+        return growth, cache.stats()["memory_blocks"]

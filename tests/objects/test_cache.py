@@ -11,8 +11,10 @@ import logging
 import os
 import random
 import signal
+import sys
 import threading
 import time
+import tracemalloc
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -24,7 +26,10 @@ from disklesslog.format import crc32c
 from disklesslog.metrics import Metrics
 from disklesslog.storage import cache as cache_module
 from disklesslog.storage.cache import (
+    BLOCK_OVERHEAD,
+    WRITTEN_SHARE,
     BlockCache,
+    block_cost,
     configure_default_cache,
     default_cache,
 )
@@ -45,6 +50,11 @@ class Source:
         with self._lock:
             self.calls.append((start, end))
         return self.data[start:end]
+
+
+def _cost(blocks: int, key: str = KEY, size: int = 10) -> int:
+    """What ``blocks`` blocks of ``size`` bytes of ``key`` count against the memory bound."""
+    return blocks * block_cost(key, bytes(size))
 
 
 def _disk_files(path: Path) -> list[Path]:
@@ -183,15 +193,15 @@ def test_objects_are_cached_separately() -> None:
 
 
 def test_lru_eviction_by_bytes_keeps_the_recently_used() -> None:
-    cache = BlockCache(max_bytes=40, block_size=10)
+    cache = BlockCache(max_bytes=_cost(4), block_size=10)
     source = Source()
     for block in range(4):
         cache.read(KEY, block * 10, block * 10 + 1, source)
-    assert cache.stats()["memory_bytes"] == 40
+    assert cache.stats()["memory_bytes"] == _cost(4)
     cache.read(KEY, 0, 1, source)  # block 0 is now the most recently used
     cache.read(KEY, 40, 41, source)  # block 4 evicts the least recently used: block 1
     stats = cache.stats()
-    assert (stats["memory_bytes"], stats["memory_blocks"], stats["evictions"]) == (40, 4, 1)
+    assert (stats["memory_bytes"], stats["memory_blocks"], stats["evictions"]) == (_cost(4), 4, 1)
     source.calls.clear()
     for block in (0, 2, 3, 4):
         cache.read(KEY, block * 10, block * 10 + 10, source)
@@ -201,13 +211,47 @@ def test_lru_eviction_by_bytes_keeps_the_recently_used() -> None:
 
 
 def test_eviction_counts_bytes_not_blocks() -> None:
-    cache = BlockCache(max_bytes=25, block_size=10)
+    bound = _cost(1, size=5) + _cost(2)
+    cache = BlockCache(max_bytes=bound, block_size=10)
     source = Source(DATA[:45])
     cache.read(KEY, 40, 45, source)  # a 5-byte last block
-    cache.read(KEY, 0, 20, source)  # 10 + 10 more: 25 bytes, all fit
+    cache.read(KEY, 0, 20, source)  # 10 + 10 more: all fit
     assert cache.stats()["memory_blocks"] == 3
     cache.read(KEY, 20, 21, source)
-    assert cache.stats()["memory_bytes"] <= 25
+    assert cache.stats()["memory_bytes"] <= bound
+
+
+def test_the_bound_counts_each_blocks_overhead_so_tiny_blocks_cannot_overrun_it() -> None:
+    """Reads of 100-byte objects cache 100-byte blocks: counted by payload alone, a
+    bound of 100 such blocks held 412 of them, about 4 times the memory it allowed."""
+    key = "file:///var/log/streams/objects/0000000000000000-abc.obj"
+    bound = 100 * (100 + len(key) + BLOCK_OVERHEAD)
+    cache = BlockCache(max_bytes=bound)
+    for n in range(1000):
+        cache.read(key.replace("abc", f"{n:03d}"), 0, 100, Source(DATA[:100]))
+        assert cache.stats()["memory_bytes"] <= bound
+    stats = cache.stats()
+    assert stats["memory_blocks"] == 100
+    assert stats["memory_bytes"] == bound
+
+
+def test_block_overhead_covers_what_a_cached_block_really_costs() -> None:
+    """BLOCK_OVERHEAD is measured: 20,000 cached 100-byte blocks (fresh key strings, as
+    callers build them) take no more memory than the bound counts for them."""
+    keys = [f"file:///tmp/log/objects/{n:016x}.obj" for n in range(20_000)]
+    payloads = [bytes([n % 256]) * 100 for n in range(20_000)]
+    cache = BlockCache(max_bytes=1 << 30)
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for key, data in zip(keys, payloads):
+            cache.put_object(key, data)
+        grown = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    real = grown + sum(sys.getsizeof(k) + sys.getsizeof(d) for k, d in zip(keys, payloads))
+    # Never less than the real cost; more by what a dict's fill level varies (~15 %).
+    assert real <= cache.stats()["memory_bytes"] <= real * 1.25
 
 
 def test_a_block_larger_than_the_memory_bound_is_returned_not_cached() -> None:
@@ -366,8 +410,10 @@ def test_an_interrupted_loader_lets_its_waiters_fetch_for_themselves(
 
 def test_concurrent_random_reads_with_eviction_return_exact_bytes(tmp_path: Path) -> None:
     caches = [
-        BlockCache(max_bytes=64, block_size=16),
-        BlockCache(max_bytes=200, block_size=16, cache_dir=tmp_path, disk_max_bytes=300),
+        BlockCache(max_bytes=_cost(4, "o/0", 16), block_size=16),
+        BlockCache(
+            max_bytes=_cost(12, "o/0", 16), block_size=16, cache_dir=tmp_path, disk_max_bytes=300
+        ),
     ]
     objects = {f"o/{n}": bytes(random.Random(n).randbytes(150 + n * 37)) for n in range(4)}
     failures: list[str] = []
@@ -418,16 +464,39 @@ def test_put_object_accepts_bytes_and_bytearray_and_small_objects() -> None:
 
 
 def test_put_objects_are_the_most_recently_used() -> None:
-    cache = BlockCache(max_bytes=30, block_size=10)
+    cache = BlockCache(max_bytes=_cost(8, "old"), block_size=10)  # 2 blocks put, unread
     source = Source()
-    cache.read("old", 0, 30, source)
+    cache.read("old", 0, 80, source)
     cache.put_object("new", DATA[:20])
     assert cache.read("new", 0, 20, Source(b"")) == DATA[:20]
     source.calls.clear()
-    cache.read("old", 20, 30, source)
+    cache.read("old", 20, 80, source)
     assert source.calls == []  # the newest of the old blocks survived
     cache.read("old", 0, 10, source)
     assert source.calls == [(0, 10)]
+
+
+def test_blocks_put_and_not_read_keep_to_their_share_of_the_bound() -> None:
+    """A process that writes and never reads what it wrote holds at most
+    max_bytes // WRITTEN_SHARE of it (the newest), whatever it writes, and what its
+    readers cached stays; a block read is an ordinary block, no longer in the share."""
+    cache = BlockCache(max_bytes=_cost(WRITTEN_SHARE * 4, "o-000"), block_size=10)
+    source = Source()
+    cache.read("o-old", 0, 30, source)  # 3 blocks read
+    cache.put_object("o-001", DATA[:10])
+    assert cache.read("o-001", 0, 10, Source(b"")) == DATA[:10]  # read: leaves the share
+    for n in range(2, 100):
+        cache.put_object(f"o-{n:03d}", DATA[:10])
+        stats = cache.stats()
+        assert stats["written_bytes"] <= _cost(4, "o-000")
+        assert stats["memory_bytes"] <= cache.max_bytes
+    assert (stats["written_blocks"], stats["memory_blocks"]) == (4, 4 + 3 + 1)
+    for n in range(96, 100):  # the newest four
+        assert cache.read(f"o-{n:03d}", 0, 10, Source(b"")) == DATA[:10]
+    source.calls.clear()
+    assert cache.read("o-old", 0, 30, source) == DATA[:30]
+    assert cache.read("o-001", 0, 10, source) == DATA[:10]
+    assert source.calls == []
 
 
 # ---------------------------------------------------------------------------- invalidate
@@ -446,6 +515,47 @@ def test_invalidate_drops_an_object_from_memory_and_disk(tmp_path: Path) -> None
     assert source.calls == [(0, 50)]
     assert cache.read("other", 0, 50, Source(b"")) == DATA[:50]
     cache.invalidate("never-cached")
+
+
+def test_forget_objects_drops_deleted_objects_from_memory_and_disk(tmp_path: Path) -> None:
+    cache = BlockCache(block_size=10, cache_dir=tmp_path)
+    cache.put_object(KEY, DATA[:45])
+    cache.put_object("small", DATA[:3])
+    cache.put_object("other", DATA[:50])
+    assert (cache.stats()["memory_blocks"], len(_disk_files(tmp_path))) == (11, 11)
+    cache.forget_objects({KEY: 45, "small": 0, "never-cached": 100})  # 0: size unknown
+    assert (cache.stats()["memory_blocks"], len(_disk_files(tmp_path))) == (5, 5)
+    assert cache.stats()["memory_bytes"] == _cost(5, "other")
+    source = Source()
+    assert cache.read(KEY, 0, 45, source) == DATA[:45]
+    assert source.calls == [(0, 50)]
+    assert cache.read("other", 0, 50, Source(b"")) == DATA[:50]
+
+
+def test_forget_objects_leaves_loads_under_way_and_other_objects_alone() -> None:
+    cache = BlockCache(block_size=10)
+    started, release = threading.Event(), threading.Event()
+
+    def fetch(start: int, end: int) -> bytes:
+        started.set()
+        assert release.wait(5)
+        return DATA[start:end]
+
+    loader = threading.Thread(target=cache.read, args=("other", 0, 10, fetch), daemon=True)
+    loader.start()
+    assert started.wait(5)
+    cache.forget_objects({KEY: 10})
+    release.set()
+    loader.join(60)
+    assert cache.read("other", 0, 10, Source(b"")) == DATA[:10]  # cached: no epoch bump
+
+
+def test_forget_objects_refuses_bad_keys_and_changes_nothing() -> None:
+    cache = BlockCache(block_size=10)
+    cache.put_object(KEY, DATA[:10])
+    with pytest.raises(ConfigError, match="non-empty str"):
+        cache.forget_objects({KEY: 10, "": 10})
+    assert cache.stats()["memory_blocks"] == 1
 
 
 def test_a_load_under_way_during_invalidate_is_not_cached(tmp_path: Path) -> None:
@@ -531,7 +641,7 @@ def test_bytes_that_failed_their_check_never_reach_the_disk(tmp_path: Path) -> N
 
 
 def test_unconfirmed_blocks_evicted_from_memory_never_reach_the_disk(tmp_path: Path) -> None:
-    cache = BlockCache(block_size=10, max_bytes=30, cache_dir=tmp_path)
+    cache = BlockCache(block_size=10, max_bytes=_cost(3), cache_dir=tmp_path)
     cache.read(KEY, 0, 50, Source(), checked=True)
     assert cache.stats()["unconfirmed"] == 3  # blocks 0 and 1 were evicted
     cache.confirm(KEY, 0, 50)
