@@ -65,7 +65,9 @@ def stored(faulty: type[FaultyMemoryFileSystem]) -> Stored:
                         writer.append(name, b"%s-%03d-%d-" % (name.encode(), i, j) + b"." * 60)
                 if i % 20 == 19:
                     writer.flush()
-        assert log.metrics()["puts"] == 3  # the log's marker and two objects
+        metrics = log.metrics()
+        # the log's marker and two objects (shown whole if not: this failed once in CI)
+        assert metrics["puts"] == 3, metrics
         rows = _read_all(log)
     assert all(len(rows[name]) == 200 for name in STREAMS)
     return Stored(url, sequencer, rows)
