@@ -17,7 +17,7 @@ already there.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import psycopg
@@ -238,15 +238,7 @@ def _checksum_existing_rows(conn: Connection, schema: str, database: str) -> Non
     batch's ``gap``, each stream's ``tail_gap`` and each consumer group's row count,
     from the rows as they are. Values that cannot be right (JSON that does not parse,
     overlapping batches) refuse the migration, which then changes nothing."""
-    name = sql.Identifier(schema)
-
-    def run(template: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
-        cursor = conn.execute(sql.SQL(template).format(s=name), params)
-        return cursor.fetchall() if cursor.description else []
-
-    def update(template: str, rows: Sequence[Sequence[Any]]) -> None:
-        with conn.cursor() as cursor:
-            cursor.executemany(sql.SQL(template).format(s=name), rows)
+    run, update = _statements(conn, schema)
 
     streams = run(
         "SELECT id, name, config, start_offset, end_offset, max_timestamp, unindexed"
@@ -317,15 +309,7 @@ def _time_producers(conn: Connection, schema: str, database: str, now_ms: int) -
     """Schema version 6 on a schema written before it: every producer's last use and
     every producer state's last write become ``now_ms``, each row verified first under
     its old checksum (a damaged one refuses the migration, which changes nothing)."""
-    name = sql.Identifier(schema)
-
-    def run(template: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
-        cursor = conn.execute(sql.SQL(template).format(s=name), params)
-        return cursor.fetchall() if cursor.description else []
-
-    def update(template: str, rows: Sequence[Sequence[Any]]) -> None:
-        with conn.cursor() as cursor:
-            cursor.executemany(sql.SQL(template).format(s=name), rows)
+    run, update = _statements(conn, schema)
 
     producers = []
     for producer_id, producer_name, epoch, crc in run(
@@ -372,3 +356,22 @@ def _count_streams(conn: Connection, schema: str, database: str) -> None:
     count = 0 if row is None else int(row[0])
     insert = "INSERT INTO {s}.stream_count (id, streams, crc) VALUES (0, %s, %s)"
     conn.execute(sql.SQL(insert).format(s=name), (count, row_crc((count,))))
+
+
+def _statements(
+    conn: Connection, schema: str
+) -> tuple[Callable[..., list[tuple[Any, ...]]], Callable[[str, Sequence[Sequence[Any]]], None]]:
+    """What a migration step runs on ``schema``: ``run(template, params)`` (the rows it
+    returns, if any) and ``update(template, rows)`` (one statement, many rows); ``{s}``
+    in a template names the schema."""
+    name = sql.Identifier(schema)
+
+    def run(template: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        cursor = conn.execute(sql.SQL(template).format(s=name), params)
+        return cursor.fetchall() if cursor.description else []
+
+    def update(template: str, rows: Sequence[Sequence[Any]]) -> None:
+        with conn.cursor() as cursor:
+            cursor.executemany(sql.SQL(template).format(s=name), rows)
+
+    return run, update
