@@ -42,6 +42,7 @@ from disklesslog.segments import layout
 from disklesslog.segments import log as segment_log
 from disklesslog.segments.tiering import manifest as manifests
 from disklesslog.segments.tiering import operations as tiering
+from disklesslog.storage.cache import configure_default_cache, default_cache
 from disklesslog.testing import FaultyMemoryFileSystem, create_bucket, s3_storage_options
 
 WORKERS = Path(__file__).with_name("tier_workers.py")
@@ -291,6 +292,42 @@ def test_retention_removes_tiered_copies_and_gc_deletes_them_after_the_grace(
     assert target.keys() == before - doomed
     assert _rows(stream) == ref[start:]
     log.close()
+
+
+def test_gc_drops_the_deleted_tiered_objects_from_the_block_cache(tmp_path: Path) -> None:
+    """Blocks of tiered objects that garbage collection deletes leave the process's
+    block cache (memory and disk) at once; those of live objects stay."""
+    target = _memory_target()
+    configure_default_cache(block_size=512)
+    try:
+        log = _open(
+            tmp_path / "log", target, retention_ms=2_000, local_retention_bytes=2048, **SMALL
+        )
+        ref = _fill(log, "s", 240)
+        log.tier(now_ms=NOW)
+        stream = log.stream("s")
+        assert _rows(stream) == ref  # reads every tiered object through the cache
+        log.apply_retention(now_ms=4_000)
+        doomed = {item.key for item in _manifest(tmp_path / "log").garbage}
+        live = target.keys() - doomed
+        assert doomed and live
+        log.collect_garbage(grace_seconds=0)
+        fetched: list[str] = []
+
+        def cached(key: str) -> bool:
+            def fetch(start: int, end: int) -> bytes:
+                fetched.append(key)
+                return b"x" * (end - start)
+
+            before = len(fetched)
+            default_cache().read(f"{target.url}/{key}", 0, 1, fetch)
+            return len(fetched) == before
+
+        assert not any(cached(key) for key in doomed)
+        assert any(cached(key) for key in live if key.endswith(".log"))
+        log.close()
+    finally:
+        configure_default_cache()
 
 
 def _referenced_live(path: Path) -> set[str]:

@@ -461,7 +461,7 @@ def _collect_doomed(
     )
     if dry_run:
         return
-    tier.delete([item.key for item in due])
+    tier.delete([item.key for item in due], {item.key: item.size for item in due})
     deleted = {item.key for item in due}
 
     def forget(store: StreamStore) -> None:

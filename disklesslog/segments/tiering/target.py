@@ -429,11 +429,17 @@ class Tier:
             return None
         return position, crc
 
-    def delete(self, keys: list[str]) -> int:
+    def delete(self, keys: list[str], sizes: Mapping[str, int] | None = None) -> int:
         """Delete objects, retrying failures (counted in ``tier_delete_errors``); returns
         how many existed. Deleting is idempotent: a missing object (deleted by another
-        run, or by an earlier attempt whose response was lost) is not an error."""
-        return self.objects.delete(keys)
+        run, or by an earlier attempt whose response was lost) is not an error. Their
+        blocks leave this process's block cache too, memory and disk, rather than wait
+        for their turn to be evicted (``sizes``: key -> bytes, so every block is
+        found; without it, only each object's first block)."""
+        count = self.objects.delete(keys)
+        known = sizes or {}
+        default_cache().forget_objects({self.object_url(k): known.get(k, 0) for k in keys})
+        return count
 
     def list_objects(self) -> list[tuple[str, float | None]]:
         """``(key, modified time in seconds or None)`` of every object under
