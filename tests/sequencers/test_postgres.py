@@ -33,6 +33,8 @@ from disklesslog.errors import (
     LogClosedError,
     ProducerFenced,
     SequencerError,
+    UnknownProducerId,
+    UnknownProducerState,
 )
 from disklesslog.sequencers import BatchToCommit, CommitResult, ProducerExpiry, open_sequencer
 from disklesslog.sequencers import postgres as pg_module
@@ -675,6 +677,96 @@ def test_concurrent_commits_from_threads(schema_url: str) -> None:
         assert errors == []
         assert len(runs) == threads
         _check_dense(seq, list(runs.values()))
+
+
+def expiring_run(seq: PostgresSequencer, worker: int, commits: int) -> tuple[Run, set[int]]:
+    """:func:`commit_run` (without resends) as a writer runs it while its producer state
+    may expire under it: a stream whose state is gone is numbered from 0 again, a
+    producer that is gone is initialised again under its name, and the commit is sent
+    again (nothing of a refused commit is stored). Returns the run and every producer
+    id the worker was given."""
+    rng = random.Random(worker)
+    producer = seq.init_producer(f"worker-{worker}")
+    ids = {producer[0]}
+    next_seq = dict.fromkeys(STREAMS, 0)
+    done: Run = []
+    for n in range(commits):
+        plan = [(s, rng.randint(1, 3)) for s in rng.sample(STREAMS, rng.randint(2, 4))]
+        key = f"w{worker}-{n:04d}"
+        for _ in range(50):
+            batches = [
+                BatchToCommit(stream, n, 10, records, records, n, *producer, next_seq[stream])
+                for stream, records in plan
+            ]
+            try:
+                results = seq.commit(key, batches)
+            except UnknownProducerState as exc:
+                next_seq[exc.stream] = 0
+                continue
+            except UnknownProducerId:
+                producer = seq.init_producer(f"worker-{worker}")
+                ids.add(producer[0])
+                next_seq = dict.fromkeys(STREAMS, 0)
+                continue
+            break
+        else:
+            raise AssertionError(f"{key}: refused 50 times")
+        assert not any(r.duplicate for r in results)
+        for stream, records in plan:
+            next_seq[stream] += records
+        done.append((key, [stream for stream, _ in plan], results))
+    return done, ids
+
+
+def test_producer_expiry_racing_concurrent_commits_loses_and_repeats_nothing(
+    schema_url: str,
+) -> None:
+    """Expiry with a 1 ms window, over and over, while 6 threads commit with named
+    producers: every commit is either refused whole (and sent again by its writer) or
+    stored once; the streams stay dense; no producer id is issued twice; every row
+    left verifies; and expiry really removed states and producers meanwhile."""
+    threads, commits = 6, 40
+    with PostgresSequencer(schema_url) as seq:
+        for stream in STREAMS:
+            seq.create_stream(stream, {})
+        outcomes: dict[int, tuple[Run, set[int]]] = {}
+        errors: list[BaseException] = []
+        expired = [ProducerExpiry()]
+        running = threading.Event()
+        running.set()
+
+        def expire() -> None:
+            try:
+                while running.is_set():
+                    got = seq.expire_producers(1)
+                    expired[0] = ProducerExpiry(
+                        expired[0].states + got.states, expired[0].producers + got.producers
+                    )
+            except BaseException as exc:
+                errors.append(exc)
+
+        def work(worker: int) -> None:
+            try:
+                outcomes[worker] = expiring_run(seq, worker, commits)
+            except BaseException as exc:
+                errors.append(exc)
+
+        expirer = threading.Thread(target=expire)
+        expirer.start()
+        workers = [threading.Thread(target=work, args=(i,)) for i in range(threads)]
+        for w in workers:
+            w.start()
+        for w in workers:
+            w.join(120)
+        running.clear()
+        expirer.join(60)
+        assert errors == []
+        assert len(outcomes) == threads
+        assert expired[0].states > 0 and expired[0].producers > 0
+        _check_dense(seq, [run for run, _ in outcomes.values()])
+        issued = [pid for _, ids in outcomes.values() for pid in ids]
+        assert len(issued) == len(set(issued))
+        seq.expire_producers(0, dry_run=True)  # reads and verifies every row left
 
 
 def _barrier(directory: Path, worker: int, workers: int) -> None:
