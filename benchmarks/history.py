@@ -19,7 +19,9 @@ At each point of ``--points`` the writer pauses and a fresh process (``sys.execu
 opens the log and reads one stream's last record: its open+read time, its RSS after
 the open and its peak RSS (``getrusage``, whole process, interpreter and imports
 included; the RSS after importing disklesslog is given too, to subtract). Also per point:
-the writer's commit rate over the last step (maintenance included), the storage under
+the writer's commit rate over the last step (maintenance included) and over the last
+``--window`` flushes before the point (equal windows compare fairly: the first step
+also holds the log's warm-up), the storage under
 the log's directory (bytes and files) with the sequencer's part separately, and what
 the last maintenance took. ``--profile`` adds, at the last point, a tracemalloc profile
 of the fresh process's open (top allocation sites).
@@ -179,21 +181,26 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             step_started = time.perf_counter()
             step_maintain = 0.0
             maintains = 0
+            window_started = step_started
             while done < point:
                 streams[done % STREAMS].append(VALUE)
                 done += 1
+                if done == point - args.window:
+                    window_started = time.perf_counter()
                 if mode == "explicit" and done % args.maintain_every == 0:
                     t = time.perf_counter()
                     report = log.maintain(grace_seconds=args.grace_seconds)
                     step_maintain += time.perf_counter() - t
                     maintains += 1
                     last_report = "; ".join(report.actions[-3:])[:300]
-            step_s = time.perf_counter() - step_started
+            ended = time.perf_counter()
+            step_s = ended - step_started
             maintain_s += step_maintain
             step = point - (rows[-1]["flushes"] if rows else 0)
             row: dict[str, Any] = {
                 "flushes": point,
                 "step_commits_per_s": step / step_s,
+                "window_commits_per_s": min(step, args.window) / (ended - window_started),
                 "step_s": step_s,
                 "step_maintain_s": step_maintain,
                 "step_maintains": maintains,
@@ -209,6 +216,7 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             fresh = row["fresh"]
             print(
                 f"{point:>9,} flushes: {row['step_commits_per_s']:,.0f} commits/s "
+                f"(last {min(step, args.window):,}: {row['window_commits_per_s']:,.0f}) "
                 f"(maintain {step_maintain:.1f} s of {step_s:.1f} s), fresh open+read "
                 f"{fresh['open_read_s']:.2f} s, peak RSS {fresh['peak_rss_mb']:.0f} MB "
                 f"(after import {fresh['rss_imported_mb']:.0f}), data "
@@ -226,6 +234,7 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         "maintain_every": args.maintain_every if mode == "explicit" else None,
         "retention_ms": args.retention_ms,
         "grace_seconds": args.grace_seconds,
+        "window": args.window,
         "streams": STREAMS,
         "value_bytes": len(VALUE),
         "points": rows,
@@ -237,16 +246,20 @@ def markdown(path: Path) -> str:
     shown only where it was measured as VmHWM (files with ``ru_maxrss_mb``)."""
     result = json.loads(path.read_text())
     out = [
-        "| flushes | commits/s (last step) | maintain s (step) | fresh open+read s "
+        "| flushes | commits/s (last step) | commits/s (window) | maintain s (step) "
+        "| fresh open+read s "
         "| fresh RSS after open+read MB | fresh peak RSS MB | writer RSS MB "
         "| data MB / files | sequencer MB / files | background CPU |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for row in result["points"]:
         fresh = row["fresh"]
         peak = f"{fresh['peak_rss_mb']:.0f}" if "ru_maxrss_mb" in fresh else "n/a"
+        rate = row.get("window_commits_per_s")
+        window = "n/a" if rate is None else f"{rate:,.0f}"
         out.append(
             f"| {row['flushes']:,} | {row['step_commits_per_s']:,.0f} "
+            f"| {window} "
             f"| {row['step_maintain_s']:.1f} of {row['step_s']:.0f} "
             f"| {fresh['open_read_s']:.2f} | {fresh['rss_after_read_mb']:.0f} | {peak} "
             f"| {row['writer_rss_mb']:.0f} "
@@ -271,6 +284,9 @@ def main() -> None:
     parser.add_argument("--maintain-every", type=int, default=1000)
     parser.add_argument("--retention-ms", type=int, default=10_000)
     parser.add_argument("--grace-seconds", type=float, default=5.0)
+    parser.add_argument(
+        "--window", type=int, default=5000, help="flushes before each point to rate alone"
+    )
     parser.add_argument("--profile", type=int, default=0, help="top N tracemalloc sites")
     parser.add_argument("--json", type=Path)
     parser.add_argument("--dir", help="parent of the scratch directory (default: $TMPDIR)")
