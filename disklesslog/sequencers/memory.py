@@ -14,7 +14,7 @@ import json
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Hashable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -77,14 +77,21 @@ from .common import (
 # --------------------------------------------------------------------------- memory
 
 
+RowsCheck = Callable[[str, list[Any], list[Any], list[Any]], None]
+"""Checks a stream's snapshot rows (name, batches, time index, producer states) before
+anything uses them: raises if they are not of the shape :meth:`MemorySequencer.snapshot`
+gives (see :meth:`MemorySequencer.from_snapshot`)."""
+
+
 @dataclass(eq=False, slots=True)  # identity hash: streams key producer states in a commit
 class _Stream:
     """One stream of the state. A stream loaded from a snapshot keeps its batches, time
     index and producer states as the snapshot's rows until something first needs them:
     building two sorted maps and the states per stream is most of what loading a wide
     state would cost (about 40 us a map, seconds for 100,000 streams), and most streams
-    of a wide log are never touched by a process that opens it.
-    :meth:`MemorySequencer.snapshot` writes rows not yet loaded back as they came."""
+    of a wide log are never touched by a process that opens it. Rows that came with a
+    :data:`RowsCheck` pass it before their first use, whatever the use (loading them, or
+    :meth:`MemorySequencer.snapshot` writing them back as they came)."""
 
     id: int
     name: str
@@ -102,14 +109,29 @@ class _Stream:
     """Snapshot rows of the producer states, until :attr:`producers` is first used."""
     rows_written_ms: int = 0
     """The write time of producer rows stored before states had one."""
+    rows_check: RowsCheck | None = None
+    """Not yet passed by the rows (see :meth:`_checked`)."""
     loaded_batches: Any = None
     loaded_index: Any = None
     loaded_producers: dict[int, ProducerStreamState] | None = None
+    batch_ids: dict[int, int] | None = None
+    """batch id -> base offset of the live batches, built the first time a batch is
+    looked up by id (merging does): most streams never are."""
+
+    def _checked(self) -> None:
+        """Pass the snapshot rows through their check, once, before any use. A failed
+        check raises every time (the rows stay unused), never only the first time."""
+        if self.rows_check is not None:
+            self.rows_check(
+                self.name, self.batch_rows or [], self.index_rows or [], self.producer_rows or []
+            )
+            self.rows_check = None
 
     @property
     def producers(self) -> dict[int, ProducerStreamState]:
         """producer id -> its state on this stream."""
         if self.loaded_producers is None:
+            self._checked()
             missing = self.rows_written_ms
             self.loaded_producers = {
                 pid: ProducerStreamState(
@@ -124,6 +146,7 @@ class _Stream:
     def batches(self) -> Any:
         """base offset -> BatchLocation, live batches only (a SortedDict)."""
         if self.loaded_batches is None:
+            self._checked()
             rows = self.batch_rows or ()
             self.loaded_batches = SortedDict((row[4], BatchLocation(*row)) for row in rows)
             self.batch_rows = None
@@ -133,13 +156,32 @@ class _Stream:
     def time_index(self) -> Any:
         """running max timestamp -> next offset (see :func:`plan_commit`; a SortedDict)."""
         if self.loaded_index is None:
+            self._checked()
             self.loaded_index = SortedDict(self.index_rows or ())
             self.index_rows = None
         return self.loaded_index
 
+    def add_batch(self, loc: BatchLocation) -> None:
+        """Make ``loc`` a live batch of this stream."""
+        self.batches[loc.base_offset] = loc
+        if self.batch_ids is not None:
+            self.batch_ids[loc.batch_id] = loc.base_offset
+
+    def forget_batch_id(self, batch_id: int) -> None:
+        """The batch ``batch_id``, removed from :attr:`batches`, is no longer live."""
+        if self.batch_ids is not None:
+            del self.batch_ids[batch_id]
+
+    def base_of(self, batch_id: int) -> int | None:
+        """The base offset of this stream's live batch ``batch_id``, or None."""
+        if self.batch_ids is None:
+            self.batch_ids = {b.batch_id: base for base, b in self.batches.items()}
+        return self.batch_ids.get(batch_id)
+
     def batch_snapshot(self) -> list[list[Any]]:
         """The live batches as snapshot rows (the loaded rows themselves if unused)."""
         if self.loaded_batches is None:
+            self._checked()
             return self.batch_rows or []
         return [
             [
@@ -158,6 +200,7 @@ class _Stream:
         """The producer states as snapshot rows, by producer id (the loaded rows
         themselves if unused and all have their time)."""
         if self.loaded_producers is None:
+            self._checked()
             rows = self.producer_rows or []
             if all(len(row) == 4 for row in rows):
                 return rows
@@ -170,6 +213,7 @@ class _Stream:
     def index_snapshot(self) -> list[list[int]]:
         """The time index as snapshot rows (the loaded rows themselves if unused)."""
         if self.loaded_index is None:
+            self._checked()
             return self.index_rows or []
         return [[ts, offset] for ts, offset in self.loaded_index.items()]
 
@@ -227,7 +271,7 @@ class MemorySequencer(Sequencer):
         self._producer_names: dict[str, int] = {}
         self._next_producer_id = 1
         self._next_batch_id = 1
-        self._batch_index: dict[int, tuple[_Stream, int]] = {}  # id -> (stream, base)
+        self._live_batches = 0  # of all streams
         self._objects: dict[str, _Object] = {}
         self._groups: dict[str, dict[str, int]] = {}
         # transaction id -> (commit time, ranges), oldest first (see _forget_transactions)
@@ -265,8 +309,8 @@ class MemorySequencer(Sequencer):
         with self._lock:
             stream = self._stream(name)
             self._keep_use(stream.producers)
+            self._live_batches -= len(stream.batches)
             for loc in stream.batches.values():
-                del self._batch_index[loc.batch_id]
                 self._release(loc.object_key)
             del self._streams[name]
             for offsets in self._groups.values():
@@ -395,8 +439,8 @@ class MemorySequencer(Sequencer):
                 base + b.span - 1,
                 b.max_timestamp,
             )
-            stream.batches[base] = loc
-            self._batch_index[loc.batch_id] = (stream, base)
+            stream.add_batch(loc)
+        self._live_batches += len(accepted)
 
     def _move_streams(self, plan: CommitPlan) -> None:
         """Apply a plan's new extents, time-index entries and producer states."""
@@ -503,7 +547,8 @@ class MemorySequencer(Sequencer):
             s.start = before
             while s.batches and s.batches.peekitem(0)[1].last_offset < before:
                 _, loc = s.batches.popitem(0)
-                del self._batch_index[loc.batch_id]
+                s.forget_batch_id(loc.batch_id)
+                self._live_batches -= 1
                 self._release(loc.object_key)
             while s.time_index and s.time_index.peekitem(0)[1] <= before:
                 s.time_index.popitem(0)
@@ -517,10 +562,10 @@ class MemorySequencer(Sequencer):
             s = self._stream(stream)
             olds = []
             for batch_id in ids:
-                where = self._batch_index.get(batch_id)
-                if where is None or where[0] is not s:
+                base = s.base_of(batch_id)
+                if base is None:
                     return False
-                olds.append(s.batches[where[1]])
+                olds.append(s.batches[base])
             olds.sort(key=lambda b: b.base_offset)
             first = s.batches.index(olds[0].base_offset)
             if s.batches.index(olds[-1].base_offset) - first != len(olds) - 1:
@@ -528,7 +573,8 @@ class MemorySequencer(Sequencer):
             check_new_batches(stream, olds, news)
             for loc in olds:
                 del s.batches[loc.base_offset]
-                del self._batch_index[loc.batch_id]
+                s.forget_batch_id(loc.batch_id)
+                self._live_batches -= 1
                 self._release(loc.object_key)
             for b in news:
                 self._add_replacement(s, b)
@@ -545,8 +591,8 @@ class MemorySequencer(Sequencer):
             b.last_offset,
             b.max_timestamp,
         )
-        s.batches[loc.base_offset] = loc
-        self._batch_index[loc.batch_id] = (s, loc.base_offset)
+        s.add_batch(loc)
+        self._live_batches += 1
         self._acquire(loc.object_key, 1)
 
     def objects_to_delete(self, grace_seconds: float) -> list[str]:
@@ -627,9 +673,19 @@ class MemorySequencer(Sequencer):
     # ---------------------------------------------------------------- snapshots
 
     def live_batches(self) -> int:
-        """How many live batches all streams hold (the size of a snapshot)."""
+        """How many live batches all streams hold."""
         with self._lock:
-            return len(self._batch_index)
+            return self._live_batches
+
+    def snapshot_rows(self) -> int:
+        """How many rows a snapshot holds, near enough (live batches, objects, streams and
+        producers; what writing one costs). Objects count as much as batches: dead ones
+        stay until garbage collection's grace has passed, so at a high commit rate a
+        state can hold many more objects than live batches."""
+        with self._lock:
+            return (
+                self._live_batches + len(self._objects) + len(self._streams) + len(self._producers)
+            )
 
     def snapshot(self) -> dict[str, Any]:
         """The whole state as plain lists, ints and strings (msgpack- and JSON-ready).
@@ -683,28 +739,42 @@ class MemorySequencer(Sequencer):
 
     @classmethod
     def from_snapshot(
-        cls, snapshot: Mapping[str, Any], *, clock: Clock = time.time, missing_ms: int = 0
+        cls,
+        snapshot: Mapping[str, Any],
+        *,
+        clock: Clock = time.time,
+        missing_ms: int = 0,
+        rows_check: RowsCheck | None = None,
     ) -> MemorySequencer:
         """A private sequencer holding the state :meth:`snapshot` returned. A snapshot
         taken before producers had times (rows ``[pid, epoch]`` and ``[pid, epoch,
         runs]``) gives them ``missing_ms``: a checkpoint's own time, so nothing in it
-        counts as idle before the window has passed since it was written."""
+        counts as idle before the window has passed since it was written.
+
+        ``rows_check``: the snapshot's per-stream rows (batches, time index, producer
+        states: most of a wide state) have not been checked yet; each stream's pass this
+        check before their first use (an exception from it is what that use raises).
+        Without it they must already be of the right shape. The rest of the snapshot
+        always must be."""
         seq = cls(clock=clock)
         configs: dict[str, str] = {}  # one copy of each distinct config text, not one a stream
+        live = 0
         for row in snapshot["streams"]:
             sid, name, config, start, end, max_ts, unindexed, batches, index, producers = row
             config = configs.setdefault(config, config)
             stream = _Stream(sid, name, config, start, end, max_ts, unindexed)
             if batches:
                 stream.batch_rows = batches
-                for batch in batches:
-                    seq._batch_index[batch[0]] = (stream, batch[4])
+                live += len(batches)
             if index:
                 stream.index_rows = index
             if producers:
                 stream.producer_rows = producers
                 stream.rows_written_ms = missing_ms
+            if rows_check is not None and (batches or index or producers):
+                stream.rows_check = rows_check
             seq._streams[name] = stream
+        seq._live_batches = live
         seq._next_stream_id = snapshot["next_stream_id"]
         for pid, epoch, *used in snapshot["producers"]:
             seq._producers[pid] = epoch

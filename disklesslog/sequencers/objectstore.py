@@ -119,8 +119,9 @@ MAX_OPS_PER_ENTRY = 512
 """Operations one group commit writes at most (bounds an entry's size)."""
 RECENT_ENTRY_IDS = 1024
 """Entry ids remembered to ignore an entry that turns up twice (a delayed retry)."""
-CHECKPOINT_BATCHES_PER_ENTRY = 40
-"""Live batches a checkpoint may write per entry since the previous one (its cost, spread
+CHECKPOINT_ROWS_PER_ENTRY = 40
+"""Rows of state (:meth:`MemorySequencer.snapshot_rows`: live batches, objects, streams,
+producers) a checkpoint may write per entry since the previous one (its cost, spread
 over the entries it saves a replay of)."""
 PREFETCH = 8
 """Entries fetched at once while catching up (one concurrent request batch)."""
@@ -491,8 +492,7 @@ class ObjectStoreSequencer(Sequencer):
                     if all(s.done for s in group):
                         due = created and self._checkpoint_due(number)
                         if due and self._replica.tail == number:
-                            r = self._replica
-                            return number, r.state.snapshot(), list(r.recent), r.chain
+                            return self._checkpoint_content(number)
                         return None
                 time.sleep(random.uniform(0, min(0.05, 0.0005 * 2 ** min(attempt, 10))))
             raise SequencerConflict(
@@ -503,16 +503,29 @@ class ObjectStoreSequencer(Sequencer):
             with self._lock:
                 self._awaiting.pop(entry_id, None)
 
+    def _checkpoint_content(
+        self, number: int
+    ) -> tuple[int, dict[str, Any], list[bytes], bytes] | None:
+        """What the checkpoint of entry ``number`` holds; None (logged) if a stream's rows
+        from the checkpoint this replica loaded fail their deferred check: damage is
+        never written into a newer checkpoint. Caller holds the state lock."""
+        r = self._replica
+        try:
+            return number, r.state.snapshot(), list(r.recent), r.chain
+        except CorruptDataError as exc:
+            log.error("%s: no checkpoint of entry %d written: %s", self.url, number, exc)
+            return None
+
     def _checkpoint_due(self, number: int) -> bool:
         """Whether entry ``number`` (just applied) is followed by a checkpoint: every
         ``checkpoint_every`` entries while the state is small; further apart as it grows
         (a power-of-two multiple), so that writing the whole state costs at most about
-        :data:`CHECKPOINT_BATCHES_PER_ENTRY` live batches per entry since the last one.
-        Every replica decides alike, from the same state, so one process writes it."""
+        :data:`CHECKPOINT_ROWS_PER_ENTRY` rows per entry since the last one. Every
+        replica decides alike, from the same state, so one process writes it."""
         if number % self._checkpoint_every:
             return False
-        live = self._replica.state.live_batches()
-        wanted = live // (CHECKPOINT_BATCHES_PER_ENTRY * self._checkpoint_every)
+        rows = self._replica.state.snapshot_rows()
+        wanted = rows // (CHECKPOINT_ROWS_PER_ENTRY * self._checkpoint_every)
         stride = 1 << max(0, wanted.bit_length() - 1) if wanted else 1
         return (number // self._checkpoint_every) % stride == 0
 
@@ -739,12 +752,19 @@ class ObjectStoreSequencer(Sequencer):
             for entry_id in [i for i in self._awaiting if i in loaded.recent]:
                 self._outcome_lost(self._awaiting.pop(entry_id))
 
-    def _decode_checkpoint(self, data: bytes, checkpoint: CheckpointName) -> _Replica:
+    def _decode_checkpoint(
+        self, data: bytes, checkpoint: CheckpointName, *, deferred: bool = True
+    ) -> _Replica:
+        """The replica a checkpoint holds. ``deferred``: each stream's rows are checked
+        when first used (see :mod:`.objectstore_format`), not all of them now."""
         with _collector_paused():
-            content = decode_checkpoint(data, checkpoint.entry, checkpoint.path)
+            content = decode_checkpoint(data, checkpoint.entry, checkpoint.path, deferred=deferred)
             try:
                 state = MemorySequencer.from_snapshot(
-                    content.state, clock=self._state_clock, missing_ms=checkpoint.millis
+                    content.state,
+                    clock=self._state_clock,
+                    missing_ms=checkpoint.millis,
+                    rows_check=content.rows_check,
                 )
             except Exception as exc:  # the shape was checked: this is the last line of defence
                 raise CorruptDataError(
@@ -865,7 +885,7 @@ class ObjectStoreSequencer(Sequencer):
             if data is None:
                 continue
             try:
-                anchors[c.entry] = self._decode_checkpoint(data, c).chain
+                anchors[c.entry] = self._decode_checkpoint(data, c, deferred=False).chain
             except CorruptDataError as exc:
                 found.append(exc)
         expected: tuple[int, bytes] | None = None  # (number, chain digest after it)

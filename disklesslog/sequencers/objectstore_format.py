@@ -25,7 +25,13 @@ and checkpoints are superseded by version 2 ones and deleted within
 Decoding checks the *shape* of everything it returns (every operation's arguments,
 every row of a checkpoint's state), because an entry is applied operation by operation
 to the replica: a value of the wrong type found halfway would leave half an entry
-applied.
+applied. A process opening a log defers one part of that: the rows of each stream
+(batches, time index, producer states; most of a wide state) are checked when that
+stream is first used (:func:`stream_rows_check`), so a log of 100,000 streams opens
+without checking the 100,000 streams it will not touch. The CRC and zstd's checksum are
+always checked whole first: what a deferred check can find is only a writer's bug (a
+wrong shape under a valid CRC), and it is reported just as at load, naming the
+checkpoint and the stream.
 """
 
 from __future__ import annotations
@@ -65,6 +71,7 @@ __all__ = [
     "encode_checkpoint",
     "encode_entry",
     "entry_body",
+    "stream_rows_check",
     "verify_checkpoint",
 ]
 
@@ -190,12 +197,16 @@ def _operation(op: Any, index: int, where: str) -> list[Any]:
 class Checkpoint:
     """A decoded checkpoint: the state (a checked ``MemorySequencer.snapshot()``), the
     recent entry ids and the chain digest as of its entry. ``timed``: whether its
-    producer state has times (version 3); an older one's are the checkpoint's own time."""
+    producer state has times (version 3); an older one's are the checkpoint's own time.
+    ``rows_check``: decoded with ``deferred=True``, the check each stream's rows must
+    still pass before their first use (``MemorySequencer.from_snapshot``); None when
+    everything was checked."""
 
     state: dict[str, Any]
     recent: list[bytes]
     chain: bytes
     timed: bool = True
+    rows_check: Callable[[str, list[Any], list[Any], list[Any]], None] | None = None
 
 
 def encode_checkpoint(
@@ -228,8 +239,10 @@ def verify_checkpoint(data: bytes, entry: int, where: str) -> memoryview:
     raise _damaged(where, "not a disklesslog sequencer checkpoint (unknown magic)")
 
 
-def decode_checkpoint(data: bytes, entry: int, where: str) -> Checkpoint:
-    """Check and decode the checkpoint of ``entry`` read from ``where``."""
+def decode_checkpoint(data: bytes, entry: int, where: str, *, deferred: bool = False) -> Checkpoint:
+    """Check and decode the checkpoint of ``entry`` read from ``where``. ``deferred``:
+    leave the shape of each stream's rows to :attr:`Checkpoint.rows_check` (the bytes
+    are checked whole all the same)."""
     frame = verify_checkpoint(data, entry, where)
     version1 = data[: len(CHECKPOINT_MAGIC_V1)] == CHECKPOINT_MAGIC_V1
     timed = data[: len(CHECKPOINT_MAGIC)] == CHECKPOINT_MAGIC
@@ -255,10 +268,27 @@ def decode_checkpoint(data: bytes, entry: int, where: str) -> Checkpoint:
         else:
             digest = _digest(content.get("chain"))
         recent = _list_of(_entry_id)(content.get("recent"))
-        _check_state(content.get("state"), timed=timed)
+        _check_state(content.get("state"), timed=timed, streams_rows=not deferred)
     except _Shape as exc:
         raise _damaged(where, str(exc)) from None
-    return Checkpoint(content["state"], recent, digest, timed)
+    rows_check = stream_rows_check(where, timed=timed) if deferred else None
+    return Checkpoint(content["state"], recent, digest, timed, rows_check)
+
+
+def stream_rows_check(
+    where: str, *, timed: bool = True
+) -> Callable[[str, list[Any], list[Any], list[Any]], None]:
+    """The deferred check of one stream's rows from the checkpoint at ``where``:
+    ``check(name, batches, time_index, producer_states)`` raises
+    :class:`CorruptDataError` naming the checkpoint and the stream, or returns."""
+
+    def check(name: str, batches: list[Any], index: list[Any], producers: list[Any]) -> None:
+        try:
+            _check_stream_rows(batches, index, producers, timed=timed)
+        except _Shape as exc:
+            raise _damaged(where, f"stream {name!r}: {exc}") from None
+
+    return check
 
 
 # ------------------------------------------------------------------------ shapes
@@ -427,10 +457,11 @@ _STATE_FIELDS: dict[str, Check] = {
 }
 
 
-def _check_state(state: Any, *, timed: bool) -> None:
+def _check_state(state: Any, *, timed: bool, streams_rows: bool = True) -> None:
     """A checkpoint's state has exactly the shape ``MemorySequencer.snapshot()`` gives
     (``timed``: with the times of producer state, version 3), so loading it can neither
-    fail halfway nor leave a value of the wrong type."""
+    fail halfway nor leave a value of the wrong type. ``streams_rows=False`` leaves
+    each stream's rows (only checked to be arrays) to :func:`stream_rows_check`."""
     if type(state) is not dict:
         raise _Shape("the state is not a map")
     for name, check in _STATE_FIELDS.items():
@@ -445,17 +476,27 @@ def _check_state(state: Any, *, timed: bool) -> None:
     streams = _STREAMS(state.get("streams"))
     for config in {row[2] for row in streams}:
         _json_object(config)
-    _BATCHES(list(itertools.chain.from_iterable(row[7] for row in streams)))
-    _TIME_INDEX(list(itertools.chain.from_iterable(row[8] for row in streams)))
-    producers = (_TIMED_PRODUCERS if timed else _PRODUCERS)(
-        list(itertools.chain.from_iterable(row[9] for row in streams))
-    )
-    _RUNS(list(itertools.chain.from_iterable(producer[2] for producer in producers)))
+    if streams_rows:
+        _check_stream_rows(
+            list(itertools.chain.from_iterable(row[7] for row in streams)),
+            list(itertools.chain.from_iterable(row[8] for row in streams)),
+            list(itertools.chain.from_iterable(row[9] for row in streams)),
+            timed=timed,
+        )
     _LEASES(state.get("leases", []))  # absent in checkpoints before leases
     _int(state.get("lease_floor", 0))  # absent in checkpoints before lease pruning
     transactions = state.get("transactions", [])  # absent in checkpoints before them
     for txn in _rows(str, (float, int), list)(transactions):
         _RANGES(txn[2])
+
+
+def _check_stream_rows(batches: Any, index: Any, producers: Any, *, timed: bool) -> None:
+    """Rows of streams' batches, time index and producer states (one stream's, or all
+    streams' together)."""
+    _BATCHES(batches)
+    _TIME_INDEX(index)
+    checked = (_TIMED_PRODUCERS if timed else _PRODUCERS)(producers)
+    _RUNS(list(itertools.chain.from_iterable(producer[2] for producer in checked)))
 
 
 # ------------------------------------------------------------------------ helpers

@@ -568,10 +568,28 @@ def test_checkpoints_spread_out_as_the_state_grows(local_root: str) -> None:
     gaps = [b - a for a, b in itertools.pairwise(entries)]
     assert gaps[:3] == [2, 2, 2]  # a small state: every checkpoint_every entries
     assert max(gaps) > 2  # spread out later...
-    live = 1200
-    per_entry = objectstore_module.CHECKPOINT_BATCHES_PER_ENTRY
-    assert max(gaps) <= 2 * max(1, live // (per_entry * 2))  # ...within the bound
+    state = seq.snapshot()
+    rows = sum(len(row[7]) for row in state["streams"]) + len(state["objects"]) + 1
+    assert rows == 1200 + 120 + 1  # live batches, objects, the stream
+    per_entry = objectstore_module.CHECKPOINT_ROWS_PER_ENTRY
+    assert max(gaps) <= 2 * max(1, rows // (per_entry * 2))  # ...within the bound
     assert open_local(local_root).snapshot() == seq.snapshot()
+
+
+def test_dead_objects_awaiting_collection_spread_checkpoints_out_too(local_root: str) -> None:
+    """Objects count towards a checkpoint's cost like batches: a state whose batches
+    are trimmed away but whose objects wait for garbage collection (its grace period)
+    still grows, and checkpoints come further apart with it."""
+    seq = open_local(local_root, checkpoint_every=2)
+    seq.create_stream("s", {})
+    for i in range(400):
+        seq.commit(f"o{i}", [batch("s")])
+        seq.trim("s", i + 1)  # retention: nothing stays live, every object stays dead
+    state = seq.snapshot()
+    assert [row[7] for row in state["streams"]] == [[]] and len(state["objects"]) == 400
+    entries = [int(p.name[:20]) for p in sorted(Path(local_root, "checkpoints").iterdir())]
+    gaps = [b - a for a, b in itertools.pairwise(entries)]
+    assert gaps[0] == 2 and max(gaps) >= 8
 
 
 # ------------------------------------------------------------------ producer expiry

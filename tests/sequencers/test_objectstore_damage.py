@@ -269,6 +269,47 @@ def test_checkpoints_of_the_wrong_shape_under_a_valid_crc_are_damage(written: Pa
     assert tried >= 150
 
 
+def test_a_streams_rows_of_the_wrong_shape_are_damage_when_the_stream_is_first_used(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A process opening a log checks each stream's rows of the checkpoint when it first
+    uses the stream (a wide log opens without checking the streams it never touches).
+    Rows of the wrong shape under a valid CRC are then CorruptDataError naming the
+    checkpoint and the stream, every time; the other streams work; verify() names the
+    checkpoint at once; and no checkpoint is ever written from those rows."""
+    root = tmp_path / "sequencer"
+    seq = open_local(root, checkpoint_every=5)
+    seq.create_stream("good", {})
+    seq.create_stream("bad", {})
+    for i in range(3):
+        seq.commit(f"o-{i}", [batch("good", 2), batch("bad", 3)])
+    seq.close()
+    [path] = checkpoints(root)
+    entry = int(path.name[:20])
+    frame = path.read_bytes()[fmt.CHECKPOINT_HEADER :]
+    content = msgpack.unpackb(zstandard.ZstdDecompressor().decompress(frame), raw=False)
+    [bad] = [row for row in content["state"]["streams"] if row[1] == "bad"]
+    bad[7][0][2] = "not a position"  # a batch row's position
+    path.write_bytes(_checkpoint_with_body(entry, msgpack.packb(content, use_bin_type=True)))
+
+    fresh = open_local(root, checkpoint_every=5)
+    assert [b.base_offset for b in fresh.find_batches("good", 0, 100).batches] == [0, 2, 4]
+    for _ in range(2):
+        with pytest.raises(CorruptDataError) as caught:
+            fresh.find_batches("bad", 0, 100)
+        assert caught.value.source == str(path)
+        assert "stream 'bad'" in caught.value.reason
+    with pytest.raises(CorruptDataError):
+        fresh.snapshot()
+    with caplog.at_level(logging.ERROR, logger="disklesslog"):
+        for i in range(5):  # entries 6..10: entry 10 is due a checkpoint
+            fresh.commit(f"p-{i}", [batch("good")])
+    assert checkpoints(root) == [path]
+    assert "no checkpoint of entry 10 written" in caplog.text
+    assert [exc.source for exc in fresh.verify()] == [str(path)]
+    fresh.close()
+
+
 def _checkpoint_with_body(entry: int, body: bytes) -> bytes:
     """A version 2 checkpoint around any msgpack body, with a valid CRC."""
     import struct
