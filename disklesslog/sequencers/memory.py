@@ -218,8 +218,8 @@ class _Stream:
         return [[ts, offset] for ts, offset in self.loaded_index.items()]
 
 
-@dataclass
-class _Object:
+@dataclass(slots=True)  # a state holds one per object until it is collected: 300,000 at
+class _Object:  # 1,000 flushes/s and garbage collection's 300 s grace
     live: int = 0
     dead_since: float | None = None
 

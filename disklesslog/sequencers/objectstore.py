@@ -130,10 +130,13 @@ CHECKPOINT_LISTINGS = 3
 (deleted as superseded by a newer one, which the next listing shows)."""
 NEWEST_CHECKPOINTS_KEPT = 2
 """Checkpoints kept however young besides the one that supersedes old entries: the
-newest, and the one before it as the route around damage to the newest. Those between
-them and the superseding one are deleted at once (every entry after the superseding
-checkpoint is kept, so they are no route anybody needs), so a wide state's
-checkpoints take a few times its size, not one copy per checkpoint in the retention."""
+newest, and the one before it as the route around damage to the newest. One more is
+kept, the oldest younger than the retention: the next to supersede entries, which must
+be left to age past it (were it deleted, at a high commit rate no checkpoint would ever
+live that long and no entry would ever go). The others between them and the
+superseding one are deleted at once (every entry after the superseding checkpoint is
+kept, so they are no route anybody needs), so a wide state's checkpoints take a few
+times its size, not one copy per checkpoint in the retention."""
 
 
 @dataclass
@@ -808,8 +811,9 @@ class ObjectStoreSequencer(Sequencer):
 
     def _superseded(self) -> list[str]:
         """The entries and checkpoints a checkpoint older than ``entry_retention_seconds``
-        supersedes, and the checkpoints between it and the newest ones. The superseding
-        checkpoint is read back and verified first (its CRC; a version 1 one decoded
+        supersedes, and the checkpoints between it and the newest ones (but the oldest
+        younger than the retention, the next to supersede: :data:`NEWEST_CHECKPOINTS_KEPT`).
+        The superseding checkpoint is read back and verified first (its CRC; a version 1 one decoded
         whole): the entries it supersedes are the only other route to its state, so they
         stay while it is damaged, and an older intact one is used. A checkpoint between
         is never a route: the entries after the superseding one (or all entries, before
@@ -833,12 +837,15 @@ class ObjectStoreSequencer(Sequencer):
                 continue
             keep = candidate
             break
-        newest = {c.entry for c in checkpoints[-NEWEST_CHECKPOINTS_KEPT:]}
+        kept = {c.entry for c in checkpoints[-NEWEST_CHECKPOINTS_KEPT:]}
+        young = [c for c in checkpoints if c.millis > cutoff]
+        if young:  # the next to supersede: it must live to age past the retention
+            kept.add(young[0].entry)
         floor = -1 if keep is None else keep.entry
         doomed = [
             c.path
             for c in checkpoints
-            if c.entry < floor or (c.entry > floor and c.entry not in newest)
+            if c.entry < floor or (c.entry > floor and c.entry not in kept)
         ]
         if keep is not None:
             doomed += [path for number, path in self._storage.entries() if number <= floor]

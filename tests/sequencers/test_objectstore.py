@@ -398,24 +398,49 @@ def _damage(path: Path) -> None:
 def test_checkpoints_between_the_superseding_one_and_the_newest_two_go_at_once(
     local_root: str,
 ) -> None:
-    """Within the retention, only the newest two checkpoints stay (no entry is deleted
-    yet, so the others are no route); after it, the superseding one and the newest two."""
+    """Within the retention, only the newest two checkpoints stay, and the oldest one,
+    to age past it (no entry is deleted yet, so the others are no route); after it, the
+    superseding one, the oldest younger than the retention and the newest two."""
     clock = Clock()
     seq = open_local(local_root, clock=clock, checkpoint_every=5, entry_retention_seconds=60)
     seq.create_stream("s", {})
     for i in range(24):
         seq.commit(f"o{i}", [batch("s")])
     assert _checkpoint_entries(local_root) == [5, 10, 15, 20, 25]
-    assert seq.delete_superseded() == 3  # checkpoints 5, 10 and 15; no entry
-    assert _checkpoint_entries(local_root) == [20, 25]
+    assert seq.delete_superseded() == 2  # checkpoints 10 and 15; no entry
+    assert _checkpoint_entries(local_root) == [5, 20, 25]
     assert len(list(Path(local_root, "log").iterdir())) == 25
     clock.now += 61
     for i in range(24, 34):
         seq.commit(f"o{i}", [batch("s")])
-    assert _checkpoint_entries(local_root) == [20, 25, 30, 35]
-    # checkpoint 25 is the newest older than 60 s: entries 1..25 and checkpoint 20 go
-    assert seq.delete_superseded() == 25 + 1
+    assert _checkpoint_entries(local_root) == [5, 20, 25, 30, 35]
+    # checkpoint 25 is the newest older than 60 s: entries 1..25, checkpoints 5 and 20 go
+    assert seq.delete_superseded() == 25 + 2
     assert _checkpoint_entries(local_root) == [25, 30, 35]
+    assert open_local(local_root).snapshot() == seq.snapshot()
+
+
+def test_entries_keep_going_however_often_checkpoints_are_written(local_root: str) -> None:
+    """At a high commit rate many checkpoints are written within the retention (here one
+    every 20-40 s against 600 s) and clean-ups come more often than it (every 150 s, a
+    quarter of it, as a writer's do): the oldest checkpoint younger than the retention
+    is kept to age past it, so entries keep being deleted (none lives much longer than
+    the retention and a clean-up interval) and the checkpoints stay few."""
+    clock = Clock()
+    seq = open_local(local_root, clock=clock, checkpoint_every=5, entry_retention_seconds=600)
+    seq.create_stream("s", {})
+    written = {seq.tail: clock.now}  # entry -> when
+    for step in range(120):  # 1,200 s: 10 commits every 10 s, a clean-up every 150 s
+        for i in range(10):
+            seq.commit(f"o{step}-{i}", [batch("s")])
+            written[seq.tail] = clock.now
+        if step % 15 == 14:
+            seq.delete_superseded()
+            kept = _checkpoint_entries(local_root)
+            assert len(kept) <= objectstore_module.NEWEST_CHECKPOINTS_KEPT + 2
+        clock.now += 10
+    oldest = min(int(p.name) for p in Path(local_root, "log").iterdir())
+    assert clock.now - written[oldest] <= 600 + 150 + 40 + 10
     assert open_local(local_root).snapshot() == seq.snapshot()
 
 
