@@ -258,6 +258,7 @@ def decode_checkpoint(data: bytes, entry: int, where: str, *, deferred: bool = F
     except zstandard.ZstdError as exc:
         raise _damaged(where, f"zstd: {exc}") from None
     content = _unpack(body, where)
+    del body, decompressor  # as large as what they became: not kept while it loads
     if type(content) is not dict:
         raise _damaged(where, "the content is not a map")
     try:
