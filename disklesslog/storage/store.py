@@ -150,6 +150,15 @@ class ObjectStore:
         seen; empty if the folder does not exist. On a local disk, also the temporary
         files of writes in progress (or of a crash)."""
         folder = self.path(prefix)
+        if self._local is not None:  # one scandir per directory: a third of find's cost
+            try:
+                return self.request(
+                    lambda: _local_listing(os.path.join(self._local or "", prefix), prefix),
+                    f"could not list {self.url}/{prefix}",
+                    operation="list",
+                )
+            except FileNotFoundError:
+                return {}
         with contextlib.suppress(Exception):  # not every filesystem caches listings
             self.fs.invalidate_cache(folder)
         try:
@@ -247,6 +256,17 @@ class ObjectStore:
         earlier attempt whose response was lost) counts as deleted."""
         deleted = 0
         for key in keys:
+            if self._local is not None:  # the common case without the retry machinery
+                try:
+                    os.remove(self.path(key))
+                except FileNotFoundError:
+                    continue
+                except OSError:
+                    pass  # retried below, and raised as a StorageError if it persists
+                else:
+                    deleted += 1
+                    self.metrics.add(f"{self.prefix}deletes")
+                    continue
             try:
                 self.request(
                     functools.partial(self.fs.rm_file, self.path(key)),
@@ -258,3 +278,35 @@ class ObjectStore:
             deleted += 1
             self.metrics.add(f"{self.prefix}deletes")
         return deleted
+
+
+def _local_listing(directory: str, prefix: str) -> dict[str, dict[str, Any]]:
+    """:meth:`ObjectStore.listing` of a local directory: the files under it, at any
+    depth, each ``{"name", "size", "type", "mtime"}`` as fsspec's local listing gives
+    them. ``os.scandir`` reads each directory once and its entries carry what ``stat``
+    gives, where fsspec's ``find`` builds a full ``info`` per file in Python (garbage
+    collection lists every data object once a minute: 300,000 of them at a high
+    commit rate). A file deleted while it is listed is not listed."""
+    listed: dict[str, dict[str, Any]] = {}
+    pending = [(directory, prefix)]
+    while pending:
+        path, key_prefix = pending.pop()
+        with os.scandir(path) as entries:
+            for entry in entries:
+                key = f"{key_prefix}/{entry.name}"
+                try:
+                    if entry.is_dir(follow_symlinks=False):  # no loops
+                        pending.append((entry.path, key))
+                        continue
+                    if not entry.is_file():
+                        continue
+                    info = entry.stat()
+                except FileNotFoundError:
+                    continue
+                listed[key] = {
+                    "name": entry.path,
+                    "size": info.st_size,
+                    "type": "file",
+                    "mtime": info.st_mtime,
+                }
+    return listed

@@ -159,3 +159,43 @@ def test_a_create_whose_response_was_lost_is_reported_as_lost(faulty: ObjectStor
     FaultyMemoryFileSystem.failing_puts = 99
     with pytest.raises(StorageError, match="may or may not exist now"):
         faulty.put_if_absent("log/2", b"never")
+
+
+def test_a_local_listing_is_the_filesystems_own_faster(tmp_path: Path) -> None:
+    """On a local disk the listing reads directories itself (``os.scandir``): the same
+    keys, sizes and modification times as fsspec's ``find``, at any depth; a folder
+    that does not exist, or is a file, lists nothing."""
+    fs, root = open_filesystem(f"file://{tmp_path / 'store'}", None)
+    store = ObjectStore(fs, root, Metrics(), retry_delay=0)
+    for key, data in [
+        ("objects/a", DATA),
+        ("objects/x/b", b"b"),
+        ("objects/x/y/c", b""),
+        ("d", b""),
+    ]:
+        store.put(key, data)
+    listed = store.listing("objects")
+    theirs = fs.find(f"{root}/objects", detail=True)
+    assert sorted(listed) == ["objects/a", "objects/x/b", "objects/x/y/c"]
+    assert sorted(info["name"] for info in listed.values()) == sorted(theirs)
+    for info in listed.values():
+        assert info["size"] == theirs[info["name"]]["size"]
+        assert info["mtime"] == theirs[info["name"]]["mtime"]
+        assert info["type"] == "file"
+    assert store.listing("nothing") == {}
+    assert store.listing("d") == {}
+
+
+def test_a_local_delete_that_fails_is_retried_then_a_storage_error(tmp_path: Path) -> None:
+    """Deletes on a local disk skip the retry machinery while they succeed (a busy log's
+    garbage collection deletes hundreds of thousands of objects); one that fails for
+    any reason but absence still goes through it and fails as a StorageError."""
+    fs, root = open_filesystem(f"file://{tmp_path / 'store'}", None)
+    store = ObjectStore(fs, root, Metrics(), retry_delay=0)
+    store.put("objects/folder/inside", b"x")
+    store.put("objects/a", b"a")
+    with pytest.raises(StorageError, match="objects/folder"):
+        store.delete(["objects/a", "objects/folder"])
+    assert store.get("objects/a") is None  # deleted before the failure
+    assert store.get("objects/folder/inside") == b"x"
+    assert counters(store)["deletes"] == 1
