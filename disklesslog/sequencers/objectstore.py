@@ -228,6 +228,8 @@ class ObjectStoreSequencer(Sequencer):
         self._queue_cond = threading.Condition()
         self._leading = False
         self._last_cleanup = -float("inf")
+        self._cleaner: threading.Thread | None = None  # deleting superseded entries
+        self._cleaner_lock = threading.Lock()  # starting and joining it
         self._closed = False
         self._zstd_level = 3
         try:
@@ -425,7 +427,13 @@ class ObjectStoreSequencer(Sequencer):
             return state.lease_floor()
 
     def close(self) -> None:
+        """Close; a clean-up in progress stops after the object it is deleting (the next
+        one, in any process, finishes it)."""
         self._closed = True
+        with self._cleaner_lock:
+            cleaner = self._cleaner
+        if cleaner is not None and cleaner is not threading.current_thread():
+            cleaner.join()
 
     # ---------------------------------------------------------- group commit
 
@@ -514,7 +522,8 @@ class ObjectStoreSequencer(Sequencer):
         never written into a newer checkpoint. Caller holds the state lock."""
         r = self._replica
         try:
-            return number, r.state.snapshot(), list(r.recent), r.chain
+            with _collector_off():
+                return number, r.state.snapshot(), list(r.recent), r.chain
         except CorruptDataError as exc:
             log.error("%s: no checkpoint of entry %d written: %s", self.url, number, exc)
             return None
@@ -783,13 +792,45 @@ class ObjectStoreSequencer(Sequencer):
         retention period supersedes. Failures only cost a longer replay later."""
         try:
             self._store_checkpoint(entry, snapshot, recent, digest)
-            if time.monotonic() - self._last_cleanup > self._fresh_window:
-                self._last_cleanup = time.monotonic()
-                self.delete_superseded()
         except (OSError, TimeoutError):
             log.warning(
                 "%s: could not write the checkpoint of entry %d", self.url, entry, exc_info=True
             )
+            return
+        if time.monotonic() - self._last_cleanup > self._fresh_window:
+            self._last_cleanup = time.monotonic()
+            self._clean_up_in_background()
+
+    def _clean_up_in_background(self) -> None:
+        """:meth:`delete_superseded`, decided now and done in a thread of its own, one
+        at a time: a busy log supersedes hundreds of thousands of entries at once (a
+        retention period's worth), and the commit that wrote the checkpoint, with its
+        caller, must not wait while they are deleted one by one. What goes is decided
+        here (the time and the checkpoints listed: one short LIST), as if it ran here;
+        the thread only reads back the superseding checkpoint, lists the entries and
+        deletes."""
+        with self._cleaner_lock:
+            if self._closed or (self._cleaner is not None and self._cleaner.is_alive()):
+                return
+            cutoff = self._clock()
+            try:
+                checkpoints = self._storage.checkpoints()
+            except DisklessLogError:
+                log.warning("%s: could not list the checkpoints", self.url, exc_info=True)
+                return
+            self._cleaner = threading.Thread(
+                target=self._clean_up,
+                args=(cutoff, checkpoints),
+                name=f"disklesslog-sequencer-cleanup {self.url}",
+                daemon=True,
+            )
+            self._cleaner.start()
+
+    def _clean_up(self, now: float, checkpoints: list[CheckpointName]) -> None:
+        try:
+            self._delete(self._superseded(now, checkpoints))
+        except Exception:  # only costs storage until the next clean-up
+            log.warning("%s: could not delete superseded entries", self.url, exc_info=True)
 
     def _store_checkpoint(
         self, entry: int, snapshot: dict[str, Any], recent: list[bytes], digest: bytes
@@ -803,13 +844,26 @@ class ObjectStoreSequencer(Sequencer):
         """Delete entries and checkpoints that a checkpoint older than
         ``entry_retention_seconds`` supersedes, and the checkpoints between it and the
         newest :data:`NEWEST_CHECKPOINTS_KEPT`; returns how many objects went. Runs on
-        its own after checkpoints; safe to call from any process at any time."""
-        doomed = self._superseded()
-        for path in doomed:
-            self._storage.delete(path)
-        return len(doomed)
+        its own after checkpoints; safe to call from any process at any time. Waits for
+        a clean-up running after a checkpoint to finish first."""
+        with self._cleaner_lock:
+            cleaner = self._cleaner
+        if cleaner is not None and cleaner is not threading.current_thread():
+            cleaner.join()
+        return self._delete(self._superseded())
 
-    def _superseded(self) -> list[str]:
+    def _delete(self, doomed: list[str]) -> int:
+        deleted = 0
+        for path in doomed:
+            if self._closed:  # what is left is still superseded: the next clean-up
+                break
+            self._storage.delete(path)
+            deleted += 1
+        return deleted
+
+    def _superseded(
+        self, now: float | None = None, listed: list[CheckpointName] | None = None
+    ) -> list[str]:
         """The entries and checkpoints a checkpoint older than ``entry_retention_seconds``
         supersedes, and the checkpoints between it and the newest ones (but the oldest
         younger than the retention, the next to supersede: :data:`NEWEST_CHECKPOINTS_KEPT`).
@@ -817,9 +871,10 @@ class ObjectStoreSequencer(Sequencer):
         whole): the entries it supersedes are the only other route to its state, so they
         stay while it is damaged, and an older intact one is used. A checkpoint between
         is never a route: the entries after the superseding one (or all entries, before
-        there is one) stay, and a replica that finds the one it chose gone lists again."""
-        cutoff = (self._clock() - self._retention) * 1000
-        checkpoints = self._storage.checkpoints()
+        there is one) stay, and a replica that finds the one it chose gone lists again.
+        ``now`` and ``listed``: the time and the checkpoints, when decided earlier."""
+        cutoff = ((self._clock() if now is None else now) - self._retention) * 1000
+        checkpoints = self._storage.checkpoints() if listed is None else listed
         keep = None
         for candidate in reversed([c for c in checkpoints if c.millis <= cutoff]):
             data = self._storage.get(candidate.path)
@@ -1118,5 +1173,26 @@ def _collector_paused() -> Iterator[None]:
     finally:
         gc.freeze()
         gc.unfreeze()
+        if was_enabled:
+            gc.enable()
+
+
+@contextlib.contextmanager
+def _collector_off() -> Iterator[None]:
+    """Pause Python's cyclic garbage collector while a snapshot is taken.
+
+    A snapshot builds a list per row (hundreds of thousands in a busy log's state), all
+    alive until it is written: enough new survivors to start full collections, each of
+    which walks every object of the process, the replica's millions included. That was
+    three quarters of taking a snapshot of 250,000 objects in a process holding
+    5,000,000 (0.30 s against 0.08 s), and a quarter of a busy writer's time. The rows
+    form no cycles and are freed by reference counting once written. The previous
+    setting is restored (with threads pausing at once, it is on again when the one that
+    found it on is done)."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
         if was_enabled:
             gc.enable()

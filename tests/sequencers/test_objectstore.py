@@ -6,9 +6,11 @@ checks after every test that a fresh replica replays to the same state."""
 
 from __future__ import annotations
 
+import gc
 import itertools
 import multiprocessing
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,6 +19,7 @@ from typing import Any
 import fsspec
 import msgpack
 import pytest
+from fsspec.implementations.memory import MemoryFileSystem
 
 import disklesslog
 from disklesslog.errors import (
@@ -694,3 +697,104 @@ def test_a_version_2_checkpoint_gives_producer_state_its_own_time(local_root: st
     clock.now += 401
     assert loaded.expire_producers(400_000) == ProducerExpiry(1, 1)
     assert loaded.verify() == []
+
+
+class _GatedDeletes(MemoryFileSystem):
+    """A memory filesystem whose deletes wait for ``gate`` (and say they started)."""
+
+    gate = threading.Event()
+    deleting = threading.Event()
+
+    def rm_file(self, path: str) -> None:
+        type(self).deleting.set()
+        type(self).gate.wait(10)
+        super().rm_file(path)
+
+
+def _superseding_clean_up_started(root: str, clock: Clock) -> ObjectStoreSequencer:
+    """A sequencer whose first checkpoint started a clean-up with 11 objects to delete
+    (checkpoint 5 and entries 1..10, superseded by checkpoint 10), held at the first."""
+    _GatedDeletes.gate.clear()
+    _GatedDeletes.deleting.clear()
+    first = ObjectStoreSequencer(
+        _GatedDeletes(), root, clock=clock, checkpoint_every=5, entry_retention_seconds=60
+    )
+    first.create_stream("s", {})
+    for i in range(10):  # entries 2..11; checkpoints 5 and 10 (their clean-up: nothing)
+        first.commit(f"o{i}", [batch("s")])
+    first.close()
+    assert not _GatedDeletes.deleting.is_set()
+    clock.now += 61
+    seq = ObjectStoreSequencer(
+        _GatedDeletes(), root, clock=clock, checkpoint_every=5, entry_retention_seconds=60
+    )
+    started = time.monotonic()
+    for i in range(10, 14):  # entries 12..15: checkpoint 15, and its clean-up
+        seq.commit(f"o{i}", [batch("s")])
+    assert time.monotonic() - started < 5  # not held by the clean-up
+    assert _GatedDeletes.deleting.wait(10)
+    return seq
+
+
+def test_commits_do_not_wait_for_the_clean_up_their_checkpoint_starts(clock_root: str) -> None:
+    """Deleting what a checkpoint supersedes (on a busy log, a retention period's
+    entries at once) runs in a thread of its own: commits go on meanwhile, and
+    ``delete_superseded()`` waits for it before deciding what is left."""
+    clock = Clock()
+    seq = _superseding_clean_up_started(clock_root, clock)
+    started = time.monotonic()
+    for i in range(14, 20):  # entries 16..21, checkpoint 20 (no second clean-up yet)
+        seq.commit(f"o{i}", [batch("s")])
+    assert time.monotonic() - started < 5  # the clean-up is still held at its first delete
+    assert not _GatedDeletes.gate.is_set()
+    _GatedDeletes.gate.set()
+    assert seq.delete_superseded() == 0  # the clean-up did it all
+    fs = _GatedDeletes()
+    entries = sorted(int(p.rsplit("/", 1)[-1]) for p in fs.ls(f"{clock_root}/log", detail=False))
+    assert entries == list(range(11, 22))
+    assert ObjectStoreSequencer(fs, clock_root).snapshot() == seq.snapshot()
+    seq.close()
+
+
+def test_closing_stops_the_clean_up_after_the_object_it_is_deleting(clock_root: str) -> None:
+    clock = Clock()
+    seq = _superseding_clean_up_started(clock_root, clock)
+    closing = threading.Thread(target=seq.close)
+    closing.start()
+    time.sleep(0.05)
+    assert closing.is_alive()  # close() waits for the delete in progress
+    _GatedDeletes.gate.set()
+    closing.join(10)
+    assert not closing.is_alive()
+    again = ObjectStoreSequencer(
+        _GatedDeletes(), clock_root, clock=clock, checkpoint_every=5, entry_retention_seconds=60
+    )
+    assert again.delete_superseded() == 10  # the rest: 11 less the one deleted
+    again.close()
+
+
+@pytest.fixture
+def clock_root() -> Iterator[str]:
+    root = f"/gated-{uuid.uuid4().hex}"
+    yield root
+    fs = _GatedDeletes()
+    _GatedDeletes.gate.set()
+    if fs.exists(root):
+        fs.rm(root, recursive=True)
+
+
+def test_a_checkpoint_leaves_the_garbage_collector_as_it_found_it(local_root: str) -> None:
+    """Snapshots are taken with Python's cyclic collector paused (its full collections
+    would walk the whole replica for every few hundred thousand rows); it is restored."""
+    for enabled in (True, False):
+        if not enabled:
+            gc.disable()
+        try:
+            seq = open_local(f"{local_root}-{enabled}", checkpoint_every=2)
+            seq.create_stream("s", {})
+            seq.commit("o", [batch("s")])  # entry 2: a checkpoint
+            assert Path(f"{local_root}-{enabled}", "checkpoints").exists()
+            assert gc.isenabled() is enabled
+            seq.close()
+        finally:
+            gc.enable()
