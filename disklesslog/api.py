@@ -680,7 +680,7 @@ class AbstractLog(ABC):
         grace_seconds: float | None = None,
     ) -> MaintenanceReport:
         """Delete stored data nothing refers to any more, once it has been unreferenced
-        for ``grace_seconds`` (default 300: readers holding old locations finish first)."""
+        for ``grace_seconds`` (default 60: readers holding old locations finish first)."""
         from .maintenance.grace import resolve_grace  # noqa: PLC0415 - grace.py imports api
 
         resolve_grace(grace_seconds)

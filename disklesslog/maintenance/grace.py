@@ -3,8 +3,13 @@
 Data that left a log (trimmed, compacted or merged away, a fenced writer's upload, a
 local segment's tiered copy) stays readable for a while before it is deleted: a reader
 in another process may have looked up its location just before and still be fetching
-it. Kafka's ``file.delete.delay.ms`` is the same idea at one minute; ours defaults to
-five because object-store readers may hold locations across slow ranged GETs.
+it. Kafka's ``file.delete.delay.ms`` is the same idea, and ours has its default, one
+minute. This library's own readers do not depend on it (a read that finds an object
+deleted asks the sequencer, or the manifest, where its records are now), so it is for
+readers elsewhere that hold locations: another tool, or a very slow ranged GET. It also
+decides how much a busy log keeps: every object that died in the last grace period is
+in the object backend's sequencer state and in storage until it is collected (60,000
+objects at 1,000 flushes/s, five times fewer than with the five minutes it was).
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ from ..errors import ConfigError
 
 __all__ = ["DEFAULT_GRACE_SECONDS", "MAX_GRACE_SECONDS", "resolve_grace"]
 
-DEFAULT_GRACE_SECONDS = 300.0
+DEFAULT_GRACE_SECONDS = 60.0
 MAX_GRACE_SECONDS = float(10**9)
 """About 31 years. Collectors turn the grace into integer nanoseconds and subtract it
 from the clock: a bound keeps that within the 64-bit integers clocks, keys and

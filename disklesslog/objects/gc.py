@@ -60,7 +60,7 @@ def collect_garbage(
     progress: Progress | None = None,
     grace_seconds: float | None = None,
 ) -> MaintenanceReport:
-    """Delete unreferenced objects after ``grace_seconds`` (default 300), then objects the
+    """Delete unreferenced objects after ``grace_seconds`` (default 60), then objects the
     sequencer never knew once they are that old and at least UNKNOWN_MIN_AGE old."""
     grace = resolve_grace(grace_seconds)
     report = MaintenanceReport("gc", dry_run=dry_run)

@@ -416,7 +416,7 @@ class ObjectLog(AbstractLog):
         grace_seconds: float | None = None,
     ) -> MaintenanceReport:
         """Garbage collection (:mod:`disklesslog.objects.gc`): deletes objects that have
-        held no live batch for ``grace_seconds`` (default 300), then objects in storage
+        held no live batch for ``grace_seconds`` (default 60), then objects in storage
         the sequencer never knew (uploads whose commit never came) once they are older
         than that and at least 5 minutes old."""
         self.check_open()

@@ -63,8 +63,8 @@ DEFAULT_INFLIGHT = 4
 UPLOAD_MAX_AGE = 60.0
 """Seconds after which an uploaded object that still waits for its commit is uploaded
 again under a new key before committing: garbage collection may delete objects the
-sequencer does not know once they are older than its grace period (5 minutes by
-default), so a commit never refers to an object that old."""
+sequencer does not know once they are older than its grace period and at least
+``UNKNOWN_MIN_AGE`` (5 minutes), so a commit never refers to an object that old."""
 INLINE_BELOW = 0.001
 """Seconds: while uploads and commits take less than this (memory, local disks), the
 flusher uploads and commits itself instead of handing each flush to an upload thread:

@@ -570,7 +570,7 @@ class SegmentLog(AbstractLog):
         grace_seconds: float | None = None,
     ) -> MaintenanceReport:
         """Delete tiered objects that left their streams (retention, trims) once they have
-        been garbage for ``grace_seconds`` (default 300), and objects under the tier
+        been garbage for ``grace_seconds`` (default 60), and objects under the tier
         prefix that no manifest names (failed uploads, deleted streams) once they are
         that old. Local segments need no collection: they are deleted when trimmed.
         Staged files of two-phase commits nobody committed or aborted go once
