@@ -430,10 +430,7 @@ class ObjectStoreSequencer(Sequencer):
         """Close; a clean-up in progress stops after the object it is deleting (the next
         one, in any process, finishes it)."""
         self._closed = True
-        with self._cleaner_lock:
-            cleaner = self._cleaner
-        if cleaner is not None and cleaner is not threading.current_thread():
-            cleaner.join()
+        self._wait_for_clean_up()
 
     # ---------------------------------------------------------- group commit
 
@@ -788,8 +785,9 @@ class ObjectStoreSequencer(Sequencer):
     def _write_checkpoint(
         self, entry: int, snapshot: dict[str, Any], recent: list[bytes], digest: bytes
     ) -> None:
-        """Store the state as of ``entry``; then delete what a checkpoint older than the
-        retention period supersedes. Failures only cost a longer replay later."""
+        """Store the state as of ``entry``; then start deleting (in the background) what a
+        checkpoint older than the retention period supersedes. Failures only cost a
+        longer replay later."""
         try:
             self._store_checkpoint(entry, snapshot, recent, digest)
         except (OSError, TimeoutError):
@@ -846,11 +844,14 @@ class ObjectStoreSequencer(Sequencer):
         newest :data:`NEWEST_CHECKPOINTS_KEPT`; returns how many objects went. Runs on
         its own after checkpoints; safe to call from any process at any time. Waits for
         a clean-up running after a checkpoint to finish first."""
+        self._wait_for_clean_up()
+        return self._delete(self._superseded())
+
+    def _wait_for_clean_up(self) -> None:
         with self._cleaner_lock:
             cleaner = self._cleaner
         if cleaner is not None and cleaner is not threading.current_thread():
             cleaner.join()
-        return self._delete(self._superseded())
 
     def _delete(self, doomed: list[str]) -> int:
         deleted = 0
@@ -1166,20 +1167,18 @@ def _collector_paused() -> Iterator[None]:
     list splices), instead of making the first young collection after the pause walk it
     all (another 0.3 s); objects of other threads allocated meanwhile move with it and
     are collected by the next full collection. The previous setting is restored."""
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        gc.freeze()
-        gc.unfreeze()
-        if was_enabled:
-            gc.enable()
+    with _collector_off():
+        try:
+            yield
+        finally:
+            gc.freeze()
+            gc.unfreeze()
 
 
 @contextlib.contextmanager
 def _collector_off() -> Iterator[None]:
-    """Pause Python's cyclic garbage collector while a snapshot is taken.
+    """Pause Python's cyclic garbage collector while a snapshot is taken (and, within
+    :func:`_collector_paused`, while a checkpoint loads).
 
     A snapshot builds a list per row (hundreds of thousands in a busy log's state), all
     alive until it is written: enough new survivors to start full collections, each of

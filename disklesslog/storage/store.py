@@ -150,10 +150,11 @@ class ObjectStore:
         seen; empty if the folder does not exist. On a local disk, also the temporary
         files of writes in progress (or of a crash)."""
         folder = self.path(prefix)
-        if self._local is not None:  # one scandir per directory: a third of find's cost
+        local = self._local
+        if local is not None:  # one scandir per directory: a third of find's cost
             try:
                 return self.request(
-                    lambda: _local_listing(os.path.join(self._local or "", prefix), prefix),
+                    lambda: _local_listing(os.path.join(local, prefix), prefix),
                     f"could not list {self.url}/{prefix}",
                     operation="list",
                 )
