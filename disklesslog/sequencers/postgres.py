@@ -185,7 +185,13 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
         "pip install 'disklesslog[postgres]'"
     ) from None
 
-from .postgres_schema import SCHEMA_VERSION, apply_migrations
+from .postgres_schema import (
+    SCHEMA_VERSION,
+    STREAM_COUNT_BUCKETS,
+    apply_migrations,
+    bucket_keys,
+    name_bucket,
+)
 
 __all__ = [
     "DEFAULT_SCHEMA",
@@ -236,23 +242,27 @@ class _Queries:
     stream_row: str = (  # the stream, and any whose name_key is its name's (rows.name_key)
         f"SELECT {_STREAM_COLUMNS} FROM {{s}}.streams WHERE name = %s OR name_key = %s"
     )
-    # Every stream with what stream_count records, in one snapshot (its row missing:
-    # NULLs); with no stream, one row of NULL stream columns.
+    # Every row of stream_count (kind 0: its id, then streams and crc where a stream's
+    # start_offset and crc are) and every stream with its name_key (kind 1), one snapshot.
     all_streams: str = (
-        "SELECT c.streams, c.crc, s.id, s.name, s.config, s.start_offset, s.end_offset,"
-        " s.max_timestamp, s.unindexed, s.tail_gap, s.crc FROM (SELECT 1) AS q"
-        " LEFT JOIN {s}.stream_count AS c ON c.id = 0 LEFT JOIN {s}.streams AS s ON true"
-        " ORDER BY s.name"
+        'SELECT 0 AS kind, id, NULL::text COLLATE "C" AS name, NULL::text, streams,'
+        " NULL::bigint, NULL::bigint, NULL::bigint, NULL::bigint, crc, NULL::bigint"
+        " FROM {s}.stream_count"
+        " UNION ALL SELECT 1, id, name, config, start_offset, end_offset, max_timestamp,"
+        " unindexed, tail_gap, crc, name_key FROM {s}.streams ORDER BY kind, name"
     )
-    # What stream_count records and the streams rows there are, in one snapshot.
+    # What one row of stream_count records and the streams rows of its range of name
+    # keys (through their index), in one snapshot; the row missing: NULLs.
     count_streams: str = (
-        "SELECT c.streams, c.crc, (SELECT count(*) FROM {s}.streams) FROM (SELECT 1) AS q"
-        " LEFT JOIN {s}.stream_count AS c ON c.id = 0"
+        "SELECT c.streams, c.crc, (SELECT count(*) FROM {s}.streams"
+        " WHERE name_key >= %(low)s AND name_key < %(high)s) FROM (SELECT 1) AS q"
+        " LEFT JOIN {s}.stream_count AS c ON c.id = %(bucket)s"
     )
     # Taken by creates and deletes only, after the stream's own row (delete) or its
-    # absence (create): never by a commit, so appends do not wait on it.
-    lock_stream_count: str = "SELECT streams, crc FROM {s}.stream_count WHERE id = 0 FOR UPDATE"
-    put_stream_count: str = "UPDATE {s}.stream_count SET streams = %s, crc = %s WHERE id = 0"
+    # absence (create): never by a commit, so appends do not wait on it. Creates and
+    # deletes of names in different ranges do not wait on one another either.
+    lock_stream_count: str = "SELECT streams, crc FROM {s}.stream_count WHERE id = %s FOR UPDATE"
+    put_stream_count: str = "UPDATE {s}.stream_count SET streams = %s, crc = %s WHERE id = %s"
     lock_stream: str = f"SELECT {_STREAM_COLUMNS} FROM {{s}}.streams WHERE name = %s FOR UPDATE"
     insert_stream: str = (
         "INSERT INTO {s}.streams (name, config, name_key) VALUES (%s, %s, %s)"
@@ -972,14 +982,15 @@ class PostgresSequencer(Sequencer):
                 row = self._find_stream(conn, name)  # a lost stream is damage, not created
                 if row is not None:
                     return self._meta(row)
-                count = self._lock_stream_count(conn)
+                bucket = name_bucket(name_key(name))
+                count = self._lock_stream_count(conn, bucket)
                 inserted = conn.execute(
                     self._q.insert_stream, (name, text, name_key(name))
                 ).fetchone()
                 if inserted is not None:
                     row = StreamRow(inserted[0], name, text, 0, 0, None, 0, 0)
                     conn.execute(self._q.stream_crc, (row_crc(row), row.id))
-                    self._put_stream_count(conn, count + 1)
+                    self._put_stream_count(conn, bucket, count + 1)
                     return self._meta(row)
 
         return self._call(work, transaction=True)
@@ -1014,14 +1025,31 @@ class PostgresSequencer(Sequencer):
                 self._states.load(*state)  # verified before its time is trusted
             self._keep_use(conn, self._last_writes(states), set())
             conn.execute(self._q.delete_stream, {"id": row.id})
-            self._put_stream_count(conn, self._lock_stream_count(conn) - 1)
+            bucket = name_bucket(name_key(name))
+            self._put_stream_count(conn, bucket, self._lock_stream_count(conn, bucket) - 1)
 
         self._call(work, transaction=True)
 
     def list_streams(self) -> list[str]:
+        """Every stream's name, each row verified and the rows of every range of name
+        keys as many as its ``stream_count`` row records (a lost row, or a damaged
+        ``name_key``, shows as a range one short)."""
         rows = self._call(lambda conn: conn.execute(self._q.all_streams).fetchall())
-        names = [self._verified(row[2:]).name for row in rows if row[2] is not None]
-        check_stream_count(self._where, rows[0], len(names))
+        recorded = {row[1]: (row[4], row[9]) for row in rows if row[0] == 0}
+        found = [0] * STREAM_COUNT_BUCKETS  # the table's CHECK keeps ids in range
+        names = []
+        for row in rows:
+            if row[0] == 0:
+                continue
+            stream = self._verified(row[1:10])
+            key = row[10]
+            if not 0 <= (key if isinstance(key, int) else -1) < 1 << 32:
+                where = f"{stream.name!r} (id {stream.id})"
+                raise damaged_row(self._where, "streams", where, "its name_key is damaged")
+            found[name_bucket(key)] += 1
+            names.append(stream.name)
+        for bucket, count in enumerate(found):
+            check_stream_count(self._where, recorded.get(bucket), count, bucket)
         return names
 
     def stream_info(self, name: str) -> StreamMeta:
@@ -1040,27 +1068,34 @@ class PostgresSequencer(Sequencer):
         come with it, in the same statement (one snapshot), and are verified too: a
         damaged name must not make a stream vanish, or let a second one of that name be
         created. (A damaged name index is harmless here: the key's index finds the row.)
-        Before None, the streams rows are counted against ``stream_count`` (one more
-        statement, one snapshot): a lost row must not make a stream vanish either, nor
-        let it be created anew from offset 0."""
+        Before None, the streams rows of the name's range of name keys are counted
+        against its ``stream_count`` row (one more statement, one snapshot, through the
+        name-key index): a lost row must not make a stream vanish either, nor let it be
+        created anew from offset 0."""
         found = None
+        key = name_key(name)
         if "\x00" not in name:  # else never stored
-            for row in conn.execute(self._q.stream_row, (name, name_key(name))).fetchall():
+            for row in conn.execute(self._q.stream_row, (name, key)).fetchall():
                 verified = self._verified(row)
                 if verified.name == name:
                     found = verified
         if found is None:
-            (counted,) = conn.execute(self._q.count_streams).fetchall()  # always one row
-            check_stream_count(self._where, counted, counted[2])
+            bucket = name_bucket(key)
+            low, high = bucket_keys(bucket)
+            params = {"low": low, "high": high, "bucket": bucket}
+            (counted,) = conn.execute(self._q.count_streams, params).fetchall()  # one row
+            check_stream_count(self._where, counted, counted[2], bucket)
         return found
 
-    def _lock_stream_count(self, conn: Connection) -> int:
-        """The number of streams ``stream_count`` records, its row locked until the end
-        of the transaction (creates and deletes take turns on it) and verified."""
-        return stream_count(self._where, conn.execute(self._q.lock_stream_count).fetchone())
+    def _lock_stream_count(self, conn: Connection, bucket: int) -> int:
+        """The number of streams row ``bucket`` of ``stream_count`` records, the row
+        locked until the end of the transaction (creates and deletes of names in its
+        range take turns on it) and verified."""
+        row = conn.execute(self._q.lock_stream_count, (bucket,)).fetchone()
+        return stream_count(self._where, row, bucket)
 
-    def _put_stream_count(self, conn: Connection, count: int) -> None:
-        conn.execute(self._q.put_stream_count, (count, row_crc((count,))))
+    def _put_stream_count(self, conn: Connection, bucket: int, count: int) -> None:
+        conn.execute(self._q.put_stream_count, (count, row_crc((count,)), bucket))
 
     def _verified(self, row: Sequence[Any]) -> StreamRow:
         """A streams row (:data:`_STREAM_COLUMNS`), its checksum verified unless this

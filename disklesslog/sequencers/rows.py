@@ -182,33 +182,41 @@ def check_garbage(database: str, listed: int, due: int, undated: int) -> None:
         )
 
 
-def stream_count(database: str, row: Sequence[Any] | None) -> int:
-    """The number of streams the ``stream_count`` row ``(streams, crc)`` records, its
-    checksum verified. The row is written with the schema and never deleted, so a row
-    that is not there (None, or NULLs from an outer join) is damage too."""
+def stream_count(database: str, row: Sequence[Any] | None, bucket: int = 0) -> int:
+    """The number of streams the ``stream_count`` row ``(streams, crc)`` of id
+    ``bucket`` records, its checksum verified. (SQLite keeps one row, id 0, counting
+    every stream; PostgreSQL one per range of name keys.) Rows are written with the
+    schema and never deleted, so a row that is not there (None, or NULLs from an outer
+    join) is damage too."""
     if row is None or row[0] is None:
-        raise damaged_row(database, "stream_count", "id 0", "it is missing")
+        raise damaged_row(database, "stream_count", f"id {bucket}", "it is missing")
     if row_crc(row[:1]) != row[1]:
-        raise damaged_row(database, "stream_count", "id 0")
+        raise damaged_row(database, "stream_count", f"id {bucket}")
     return int(row[0])
 
 
-def check_stream_count(database: str, row: Sequence[Any] | None, found: int) -> int:
+def check_stream_count(
+    database: str, row: Sequence[Any] | None, found: int, bucket: int | None = None
+) -> int:
     """Check that the ``streams`` rows ``found`` (counted, or listed, in the snapshot the
     ``stream_count`` row ``row`` was read in) are as many as it records; returns the
-    count. Called before a stream is said not to exist, and before one is created:
+    count. ``bucket`` is the row's id where there is one row per range of name keys
+    (``found`` then counts the streams of that range), None where one row counts them
+    all. Called before a stream is said not to exist, and before one is created:
     the row of a stream can be lost (a damaged page, a bad restore, a stray ``DELETE``)
     and a checksum cannot see a row that is gone, while ``create_stream`` would then
     hand out the lost stream's offsets again from 0."""
-    count = stream_count(database, row)
+    count = stream_count(database, row, bucket or 0)
     if found != count:
+        which = "" if bucket is None else f" whose name_key is in range {bucket}"
         raise damaged_row(
             database,
             "streams",
             "(all)",
-            f"the table holds {found} stream rows but {count} streams were created and not "
-            "deleted (table stream_count): a stream's row is missing, or one was added "
-            "behind the sequencer's back",
+            f"the table holds {found} stream rows{which} but {count} such streams were "
+            f"created and not deleted (table stream_count, id {bucket or 0}): a stream's "
+            "row is missing or its name_key damaged, or one was added behind the "
+            "sequencer's back",
         )
     return count
 

@@ -33,6 +33,7 @@ from disklesslog.errors import (
     LogClosedError,
     ProducerFenced,
     SequencerError,
+    StreamNotFound,
     UnknownProducerId,
     UnknownProducerState,
 )
@@ -45,7 +46,7 @@ from disklesslog.sequencers.postgres import (
     parse_postgres_url,
     validate_schema_name,
 )
-from disklesslog.sequencers.rows import row_crc
+from disklesslog.sequencers.rows import name_key, row_crc
 from disklesslog.testing.contracts import FakeClock
 from disklesslog.testing.servers.postgres import drop_schema
 
@@ -367,10 +368,9 @@ def test_an_old_schema_is_migrated_with_checksums(schema_url: str, version: int)
         assert [b.base_offset for b in seq.find_batches("a", 10, BIG).batches] == [12]
         expected = {"a": (3, 6)} if version >= 2 else {}
         assert seq.commit_transaction("t1", []).ranges == expected
-    assert [v for v, _ in _versions(schema_url)] == [1, 2, 3, 4, 5, 6]
+    assert [v for v, _ in _versions(schema_url)] == [1, 2, 3, 4, 5, 6, 7]
     schema = _schema_of(schema_url)
-    counted = _sql(schema_url, "SELECT * FROM {s}.stream_count", schema=schema)
-    assert counted == [(0, 2, row_crc((2,)))]
+    assert _stream_counts(schema_url) == _ranges_of("a", "b")
     for table in ("streams", "producers", "producer_streams", "objects", "batches", "groups"):
         nulls = _sql(
             schema_url, f"SELECT count(*) FROM {{s}}.{table} WHERE crc IS NULL", schema=schema
@@ -453,6 +453,7 @@ def _version_5_schema(url: str, clock: FakeClock) -> tuple[int, int]:
     _sql(url, "ALTER TABLE {s}.producers DROP COLUMN used_ms", schema=schema)
     for row in _sql(url, "SELECT id, name, epoch FROM {s}.producers", schema=schema):
         _sql(url, "UPDATE {s}.producers SET crc = %s", (row_crc(row),), schema=schema)
+    _count_streams_in_one_row(url)
     _sql(url, "DELETE FROM {s}.schema_version WHERE version >= 6", schema=schema)
     return producer
 
@@ -472,7 +473,7 @@ def test_a_version_5_schema_gets_producer_times(schema_url: str) -> None:
         assert seq.expire_producers(60_000) == ProducerExpiry(states=1, producers=1)
         again = seq.init_producer("w")
         assert again[0] > producer[0] and again[1] == 0  # the id is not issued again
-    assert [v for v, _ in _versions(schema_url)] == [1, 2, 3, 4, 5, 6]
+    assert [v for v, _ in _versions(schema_url)] == [1, 2, 3, 4, 5, 6, 7]
     rows = _sql(
         schema_url,
         "SELECT id, name, epoch, used_ms, crc FROM {s}.producers",
@@ -501,10 +502,8 @@ def test_a_version_3_schema_gets_its_streams_counted(schema_url: str) -> None:
         seq.delete_stream("b")
         assert seq.commit("o2", [BatchToCommit("a", 0, 10, 1, 1, 6)]) == [CommitResult(2)]
         assert seq.acquire_lease("m", "w", 1_000) is not None  # version 5 made its table
-    schema = _schema_of(schema_url)
-    assert [v for v, _ in _versions(schema_url)] == [1, 2, 3, 4, 5, 6]
-    counted = _sql(schema_url, "SELECT * FROM {s}.stream_count", schema=schema)
-    assert counted == [(0, 2, row_crc((2,)))]
+    assert [v for v, _ in _versions(schema_url)] == [1, 2, 3, 4, 5, 6, 7]
+    assert _stream_counts(schema_url) == _ranges_of("a", "c")
 
 
 def test_a_version_3_schema_with_a_lost_stream_is_not_migrated(schema_url: str) -> None:
@@ -527,6 +526,140 @@ def test_a_version_3_schema_with_a_lost_stream_is_not_migrated(schema_url: str) 
         (schema,),
     )
     assert tables == []
+
+
+def _stream_counts(url: str) -> dict[int, int]:
+    """The ranges of name keys ``stream_count`` counts streams in (schema version 7),
+    each with its count; every one of its rows checked for being there, once, with the
+    spec's checksum."""
+    rows = _sql(url, "SELECT id, streams, crc FROM {s}.stream_count", schema=_schema_of(url))
+    assert sorted(r[0] for r in rows) == list(range(pg_schema.STREAM_COUNT_BUCKETS))
+    assert all(crc == row_crc((count,)) for _, count, crc in rows)
+    return {bucket: count for bucket, count, _ in rows if count}
+
+
+def _ranges_of(*names: str) -> dict[int, int]:
+    """What :func:`_stream_counts` gives for the streams ``names``."""
+    counts: dict[int, int] = {}
+    for name in names:
+        bucket = pg_schema.name_bucket(name_key(name))
+        counts[bucket] = counts.get(bucket, 0) + 1
+    return counts
+
+
+def _in_other_ranges(name: str, count: int) -> list[str]:
+    """``count`` stream names whose name keys are in ranges other than ``name``'s."""
+    taken = pg_schema.name_bucket(name_key(name))
+    found = (f"other-{i}" for i in range(10_000))
+    return [n for n in found if pg_schema.name_bucket(name_key(n)) != taken][:count]
+
+
+def _version_6_schema(url: str, names: tuple[str, ...]) -> None:
+    """A schema as the release of version 6 left it (version 7 splits ``stream_count``'s
+    one row into one per range of name keys): the streams ``names``, counted in one
+    row of id 0 that the table allows alone, and ``gone`` created and deleted."""
+    with PostgresSequencer(url) as seq:
+        for name in (*names, "gone"):
+            seq.create_stream(name, {})
+        seq.commit("o1", [BatchToCommit(names[0], 0, 10, 2, 2, 5)])
+        seq.delete_stream("gone")
+    _count_streams_in_one_row(url)
+    _sql(url, "DELETE FROM {s}.schema_version WHERE version >= 7", schema=_schema_of(url))
+
+
+def _count_streams_in_one_row(url: str) -> None:
+    """``stream_count`` as schema versions 4 to 6 have it: one row, id 0, counting every
+    stream, the only id the table allows."""
+    schema = _schema_of(url)
+    ((total,),) = _sql(url, "SELECT count(*) FROM {s}.streams", schema=schema)
+    _sql(url, "DELETE FROM {s}.stream_count", schema=schema)
+    _sql(
+        url,
+        "ALTER TABLE {s}.stream_count DROP CONSTRAINT stream_count_id_check,"
+        " ADD CONSTRAINT stream_count_id_check CHECK (id = 0)",
+        schema=schema,
+    )
+    _sql(
+        url,
+        "INSERT INTO {s}.stream_count (id, streams, crc) VALUES (0, %s, %s)",
+        (total, row_crc((total,))),
+        schema=schema,
+    )
+
+
+def test_a_version_6_schema_gets_its_streams_counted_by_range(schema_url: str) -> None:
+    """Schema version 7 counts the streams of a version 6 schema per range of name
+    keys, from the rows there; creates and deletes keep the ranges' counts, and the
+    old single row's id is no longer the only one the table allows."""
+    names = ("a", "b", *_in_other_ranges("a", 3))
+    _version_6_schema(schema_url, names)
+    with PostgresSequencer(schema_url) as seq:
+        assert seq.list_streams() == sorted(names)
+        assert seq.find_batches("a", 0, BIG).batches[0].last_offset == 1
+        seq.create_stream("c", {})
+        seq.delete_stream("b")
+        with pytest.raises(StreamNotFound):
+            seq.stream_info("gone")
+    assert [v for v, _ in _versions(schema_url)] == [1, 2, 3, 4, 5, 6, 7]
+    assert _stream_counts(schema_url) == _ranges_of("a", "c", *names[2:])
+
+
+@pytest.mark.parametrize(
+    ("edit", "table"),
+    [
+        ("DELETE FROM {s}.streams WHERE name = 'b'", "streams"),
+        (f"UPDATE {{s}}.stream_count SET streams = 4, crc = {row_crc((4,))}", "streams"),
+        ("UPDATE {s}.stream_count SET crc = crc + 1", "stream_count"),
+        ("DELETE FROM {s}.stream_count", "stream_count"),
+        ("UPDATE {s}.streams SET name_key = name_key + 1 WHERE name = 'b'", "streams"),
+        ("UPDATE {s}.streams SET end_offset = 7 WHERE name = 'b'", "streams"),
+    ],
+)
+def test_a_damaged_version_6_schema_is_not_counted_by_range(
+    schema_url: str, edit: str, table: str
+) -> None:
+    """What version 7 counts must be right first: a lost stream, a count or checksum
+    that does not match the rows, a damaged name key or stream row refuse the
+    migration (CorruptDataError naming the schema and table) and change nothing."""
+    _version_6_schema(schema_url, ("a", "b", "c"))
+    schema = _schema_of(schema_url)
+    before = _sql(schema_url, "SELECT * FROM {s}.stream_count", schema=schema)
+    _sql(schema_url, edit, schema=schema)
+    after_edit = _sql(schema_url, "SELECT * FROM {s}.stream_count", schema=schema)
+    with pytest.raises(CorruptDataError) as caught:
+        PostgresSequencer(schema_url)
+    source = caught.value.source or ""
+    assert schema in source and f"table {table} " in source, source
+    assert [v for v, _ in _versions(schema_url)] == [1, 2, 3, 4, 5, 6]
+    assert _sql(schema_url, "SELECT * FROM {s}.stream_count", schema=schema) == after_edit
+    assert len(before) == 1
+
+
+def test_a_lookup_that_finds_no_stream_counts_its_range(schema_url: str) -> None:
+    """A stream's row lost: every call on it, and a listing, report the damage (as
+    with one count for all streams), while streams whose names are in other ranges of
+    name keys are created and found as usual: a lookup that misses counts the streams
+    of its own range only, not the whole table."""
+    others = _in_other_ranges("lost", 2)
+    with PostgresSequencer(schema_url) as seq:
+        for name in ("lost", others[0]):
+            seq.create_stream(name, {})
+    _sql(schema_url, "DELETE FROM {s}.streams WHERE name = 'lost'", schema=_schema_of(schema_url))
+    with PostgresSequencer(schema_url) as seq:
+        for call in (
+            lambda: seq.stream_info("lost"),
+            lambda: seq.create_stream("lost", {}),
+            seq.list_streams,
+        ):
+            with pytest.raises(CorruptDataError, match="table streams"):
+                call()
+        assert seq.create_stream(others[1], {}).end_offset == 0
+        assert seq.stream_info(others[0]).name == others[0]
+    assert _sql(
+        schema_url,
+        "SELECT count(*) FROM {s}.streams WHERE name = 'lost'",
+        schema=_schema_of(schema_url),
+    ) == [(0,)]
 
 
 def test_a_foreign_schema_is_refused(postgres_server: str, new_schema: Any) -> None:
