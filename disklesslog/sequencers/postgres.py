@@ -57,11 +57,11 @@ retried with jittered, bounded backoff; it always re-reads the state it decides 
 row and its first batches together, and continues through a server-side cursor of
 the same statement when a page needs more than :data:`_FIRST_PAGE_ROWS` batches.
 
-**Damage** (schema versions 3 and 4): every row a later call trusts carries a CRC-32C
-of its columns, a stream's batch rows prove themselves complete, and the streams rows
-are counted (``stream_count``, locked by creates and deletes, never by commits), checked
-before a stream is said not to exist or created (:mod:`~disklesslog.sequencers.rows`);
-a mismatch is a
+**Damage** (schema versions 3, 4 and 7): every row a later call trusts carries a
+CRC-32C of its columns, a stream's batch rows prove themselves complete, and the streams
+rows are counted per range of name keys (``stream_count``, a row locked by creates and
+deletes of names in its range, never by commits), checked before a stream is said not
+to exist or created (:mod:`~disklesslog.sequencers.rows`); a mismatch is a
 :class:`~disklesslog.errors.CorruptDataError` naming the server, schema, table and row,
 as are PostgreSQL's own reports of damaged pages (SQLSTATE XX001, XX002). The commit
 keeps its four round trips: the object's row is inserted, or (a retried commit) locked

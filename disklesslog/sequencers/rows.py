@@ -18,9 +18,10 @@ after its last batch. Read in offset order, the batches then tile the stream: ea
 starts ``gap`` offsets after the one before it ends, and the last ends ``tail_gap``
 before the end offset. :class:`Tiling` checks this as a read goes; a missing, extra or
 moved row breaks it. A consumer group's row in ``groups`` counts its offset rows,
-``objects`` rows their live batches, and the one row of ``stream_count`` the ``streams``
-rows, for the same reason: a stream whose row is gone would otherwise simply not exist,
-and be created anew from offset 0 (:func:`check_stream_count`).
+``objects`` rows their live batches, and ``stream_count`` the ``streams`` rows (in one
+row, or in one per range of name keys), for the same reason: a stream whose row is gone
+would otherwise simply not exist, and be created anew from offset 0
+(:func:`check_stream_count`).
 """
 
 from __future__ import annotations
