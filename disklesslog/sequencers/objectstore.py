@@ -44,6 +44,7 @@ Consequences worth knowing:
 
 from __future__ import annotations
 
+import bisect
 import collections
 import contextlib
 import dataclasses
@@ -904,7 +905,8 @@ class ObjectStoreSequencer(Sequencer):
             if c.entry < floor or (c.entry > floor and c.entry not in kept)
         ]
         if keep is not None:
-            doomed += [path for number, path in self._storage.entries() if number <= floor]
+            numbers = self._storage.entry_numbers()
+            doomed += map(self._path, numbers[: bisect.bisect_right(numbers, floor)])
         return doomed
 
     def housekeeping(self, *, dry_run: bool = False) -> list[str]:

@@ -106,11 +106,13 @@ class SequencerStorage:
 
     def entries(self) -> list[tuple[int, str]]:
         """``(number, path)`` of every entry present, in number order."""
-        found = []
-        for name in self.store.names(_LOG):
-            if _ENTRY_NAME.match(name):
-                found.append((int(name), self.store.path(f"{_LOG}/{name}")))
-        return sorted(found)
+        return [(number, self.entry_path(number)) for number in self.entry_numbers()]
+
+    def entry_numbers(self) -> list[int]:
+        """The number of every entry present, in order, without a path for each: the
+        clean-up after a checkpoint lists a busy log's entries (hundreds of thousands)
+        to delete those below it."""
+        return sorted(int(name) for name in self.store.names(_LOG) if _ENTRY_NAME.match(name))
 
     # ----------------------------------------------------------------- writes
 

@@ -184,6 +184,15 @@ class ObjectStore:
         the folder does not exist."""
         path = self.path(folder) if folder else self.root
         where = f"{self.url}/{folder}" if folder else self.url
+        local = self._local
+        if local is not None:  # names alone: fsspec's ls makes an info dict for each one
+            directory = os.path.join(local, folder) if folder else local
+            try:
+                return self.request(
+                    lambda: _local_names(directory), f"could not list {where}", operation="list"
+                )
+            except FileNotFoundError:
+                return []
         with contextlib.suppress(Exception):  # not every filesystem caches listings
             self.fs.invalidate_cache(path)
         try:
@@ -279,6 +288,16 @@ class ObjectStore:
             deleted += 1
             self.metrics.add(f"{self.prefix}deletes")
         return deleted
+
+
+def _local_names(directory: str) -> list[str]:
+    """:meth:`ObjectStore.names` of a local directory: ``os.listdir``, ten times faster
+    than fsspec's ``ls``, which stats every entry (the clean-up after a sequencer
+    checkpoint lists hundreds of thousands of entries). A file is no folder: none."""
+    try:
+        return os.listdir(directory)
+    except NotADirectoryError:
+        return []
 
 
 def _local_listing(directory: str, prefix: str) -> dict[str, dict[str, Any]]:

@@ -388,6 +388,27 @@ def test_superseded_entries_are_deleted_after_retention(local_root: str) -> None
     assert fresh.snapshot() == seq.snapshot()
 
 
+def test_clean_up_deletes_entries_below_the_checkpoint_and_nothing_else(local_root: str) -> None:
+    """The clean-up lists the entries' numbers (names only, no path per entry: a busy
+    log has hundreds of thousands) and deletes those the checkpoint supersedes; other
+    names in the folder (a temporary file of a write, anything else) stay."""
+    clock = Clock()
+    seq = open_local(local_root, clock=clock, checkpoint_every=5, entry_retention_seconds=60)
+    seq.create_stream("s", {})
+    strays = ["00000000000000000003.tmp", "0000000000000000000004", "notes"]
+    for name in strays:
+        Path(local_root, "log", name).write_bytes(b"")
+    for i in range(9):
+        seq.commit(f"o{i}", [batch("s")])
+    clock.now += 61
+    for i in range(9, 11):
+        seq.commit(f"o{i}", [batch("s")])
+    assert seq.delete_superseded() == 10 + 1
+    assert sorted(p.name for p in Path(local_root, "log").iterdir()) == sorted(
+        [f"{n:020d}" for n in (11, 12)] + strays
+    )
+
+
 def _checkpoint_entries(root: str) -> list[int]:
     return sorted(int(p.name[:20]) for p in Path(root, "checkpoints").iterdir())
 

@@ -186,6 +186,22 @@ def test_a_local_listing_is_the_filesystems_own_faster(tmp_path: Path) -> None:
     assert store.listing("d") == {}
 
 
+def test_local_names_are_the_filesystems_own(tmp_path: Path) -> None:
+    """On a local disk the names under a folder come from ``os.listdir`` (fsspec's ``ls``
+    stats every entry): the same names as fsspec's, objects and folders; a folder that
+    does not exist, or is a file, has none."""
+    fs, root = open_filesystem(f"file://{tmp_path / 'store'}", None)
+    store = ObjectStore(fs, root, Metrics(), retry_delay=0)
+    for key in ("log/00000000000000000001", "log/00000000000000000002", "log/sub/x", "f"):
+        store.put(key, b"")
+    for folder, path in (("log", f"{root}/log"), ("", root)):
+        theirs = [name.rstrip("/").rsplit("/", 1)[-1] for name in fs.ls(path, detail=False)]
+        assert sorted(store.names(folder)) == sorted(theirs)
+    assert sorted(store.names("log")) == ["00000000000000000001", "00000000000000000002", "sub"]
+    assert store.names("nothing") == []
+    assert store.names("f") == []
+
+
 def test_a_local_delete_that_fails_is_retried_then_a_storage_error(tmp_path: Path) -> None:
     """Deletes on a local disk skip the retry machinery while they succeed (a busy log's
     garbage collection deletes hundreds of thousands of objects); one that fails for
