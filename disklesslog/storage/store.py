@@ -293,11 +293,12 @@ class ObjectStore:
 def _local_names(directory: str) -> list[str]:
     """:meth:`ObjectStore.names` of a local directory: ``os.listdir``, ten times faster
     than fsspec's ``ls``, which stats every entry (the clean-up after a sequencer
-    checkpoint lists hundreds of thousands of entries). A file is no folder: none."""
+    checkpoint lists hundreds of thousands of entries). A file lists itself, as in
+    fsspec (so that opening a log where a file is refuses it as not empty)."""
     try:
         return os.listdir(directory)
     except NotADirectoryError:
-        return []
+        return [os.path.basename(directory)]
 
 
 def _local_listing(directory: str, prefix: str) -> dict[str, dict[str, Any]]:
