@@ -982,15 +982,13 @@ class PostgresSequencer(Sequencer):
                 row = self._find_stream(conn, name)  # a lost stream is damage, not created
                 if row is not None:
                     return self._meta(row)
-                bucket = name_bucket(name_key(name))
-                count = self._lock_stream_count(conn, bucket)
-                inserted = conn.execute(
-                    self._q.insert_stream, (name, text, name_key(name))
-                ).fetchone()
+                key = name_key(name)
+                count = self._lock_stream_count(conn, name_bucket(key))
+                inserted = conn.execute(self._q.insert_stream, (name, text, key)).fetchone()
                 if inserted is not None:
                     row = StreamRow(inserted[0], name, text, 0, 0, None, 0, 0)
                     conn.execute(self._q.stream_crc, (row_crc(row), row.id))
-                    self._put_stream_count(conn, bucket, count + 1)
+                    self._put_stream_count(conn, name_bucket(key), count + 1)
                     return self._meta(row)
 
         return self._call(work, transaction=True)

@@ -202,7 +202,8 @@ MIGRATIONS: dict[int, tuple[str, tuple[str, ...]]] = {
             # Row b counts the streams whose name_key >> 20 is b (name_bucket);
             # _count_streams_by_bucket fills all 4096 and checks them against row 0's total.
             "ALTER TABLE {s}.stream_count DROP CONSTRAINT stream_count_id_check,"
-            f" ADD CONSTRAINT stream_count_id_check CHECK (id >= 0 AND id < {1 << _BUCKET_BITS})",
+            " ADD CONSTRAINT stream_count_id_check"
+            f" CHECK (id >= 0 AND id < {STREAM_COUNT_BUCKETS})",
         ),
     ),
 }
