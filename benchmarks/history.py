@@ -143,6 +143,24 @@ def storage(log_dir: Path, sequencer: str, db: Path) -> dict[str, int]:
     }
 
 
+def _maintenance_counters(log: Any) -> dict[str, float]:
+    """What automatic maintenance did in the writer so far (its ``maintenance_*``
+    metrics: passes, CPU and wall seconds, per operation runs, errors and counters)."""
+    return {
+        name: value
+        for name, value in log.metrics().items()
+        if name.startswith("maintenance_") and not name.endswith("_last_run_ms")
+    }
+
+
+def _last_changes(log: Any) -> str:
+    """The last change each operation of automatic maintenance made, one line each."""
+    status = log.maintenance_status()
+    return "; ".join(
+        f"{name}: {op.last_changed}" for name, op in status.operations.items() if op.last_changed
+    )[:600]
+
+
 def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     import disklesslog
     from disklesslog.errors import ConfigError
@@ -211,6 +229,9 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             row["fresh"] = fresh_open(url, sequencer_url, names[42], 0)
             if args.profile and point == points[-1]:  # tracing slows the open: a second one
                 row["profile"] = fresh_open(url, sequencer_url, names[42], args.profile)
+            if mode == "auto":
+                row["maintenance"] = _maintenance_counters(log)
+                last_report = _last_changes(log)
             row["last_maintain_actions"] = last_report
             rows.append(row)
             fresh = row["fresh"]
@@ -225,6 +246,19 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
                 f"load {row['background_cpu_busy']:.0%}",
                 flush=True,
             )
+            counters = row.get("maintenance")
+            if counters:
+                print(
+                    f"    maintenance: {counters.get('maintenance_passes', 0):.0f} passes, "
+                    f"{counters.get('maintenance_pass_seconds', 0):.1f} s "
+                    f"({counters.get('maintenance_cpu_seconds', 0):.1f} s CPU); "
+                    + ", ".join(
+                        f"{name[12:]}={value:,.0f}"
+                        for name, value in counters.items()
+                        if name.endswith(("_runs", "_errors", "_objects_deleted"))
+                    ),
+                    flush=True,
+                )
     finally:
         log.close()
     return {

@@ -347,10 +347,13 @@ class Stream(ABC):
     # through these three, each backend saying what its units are and how it trims.
 
     @abstractmethod
-    def retention_units(self) -> tuple[list[Unit], int]:
+    def retention_units(self) -> tuple[Iterable[Unit], int]:
         """What retention judges: the pieces it may drop whole, oldest first (closed
         segments, tiered segments, batches), and the bytes after them that always stay
-        (the active segment). For the package's own modules (retention)."""
+        (the active segment). The pieces may come lazily: retention by time alone stops
+        reading at the first piece that stays, so a backend with many (an object log's
+        batches) should not list them all up front. For the package's own modules
+        (retention)."""
 
     def retention_unit_name(self, count: int) -> str:
         """What :meth:`retention_units` returns, for reports ("segments", "batches").

@@ -14,14 +14,22 @@ every ``maintenance_interval_ms``:
    work but breaks nothing. Its duration is three intervals (at least five
    seconds); a holder that dies is replaced by another writer after about that long
    and one more interval.
-2. runs a **pass**: the per-stream operations (retention; compaction of compacted
-   streams; merging; tiering) stream by stream, round-robin from where the last pass
-   stopped, until the pass has used its time budget (a quarter of the interval, at
-   most :data:`MAX_BUDGET_MS`). When a round over every stream is complete, the
-   log-wide ones follow (at most once a minute): garbage collection, the sequencer's
-   housekeeping, and pruning lease records unused for a day. The
-   budget bounds the share of a core maintenance takes, and every step is a call
-   that takes the same locks appends take only for its short swaps.
+2. runs a **pass**: first, when a minute has passed since they last ran, the log-wide
+   steps: garbage collection, the sequencer's housekeeping, and pruning lease records
+   unused for a day. Then the per-stream operations (retention; compaction of
+   compacted streams; merging; tiering) stream by stream, round-robin from where the
+   last pass stopped, until the pass has used its time budget (a quarter of the
+   interval, at most :data:`MAX_BUDGET_MS`). Every step is a call that takes the same
+   locks appends take only for its short swaps.
+3. waits for the next pass: one interval when the pass finished its round over the
+   streams; when the budget ran out first, the log is *behind* (a busy log gives its
+   maintenance more to do per interval than a budget holds) and the next pass comes
+   after as long as this one took (:data:`CATCH_UP_SHARE`), until a round completes.
+   So the budget bounds the share of a core a pass takes while the log keeps up, and
+   a log that writes faster than that gets up to half a core rather than a backlog of
+   expired records and garbage that grows for as long as the load lasts (which is what
+   a fixed budget gave: a log of 1,000 one-object flushes a second out-wrote it, and
+   garbage collection, which waited for complete rounds, ran ever more rarely).
 
 Errors are logged, counted in :meth:`Maintainer.status` and :meth:`~disklesslog.Log.metrics`,
 and the step is tried again in the next pass; nothing is ever raised into an append.
@@ -103,7 +111,16 @@ LOG_WIDE_EVERY_MS = 60_000
 """The log-wide steps (garbage collection, housekeeping) run at most this often, however
 short the interval: garbage waits out a grace of minutes and superseded sequencer
 entries a retention of minutes, so collecting more often finds nothing new, while each
-run lists the whole data prefix."""
+run lists the whole data prefix. They are due by time alone, not after a complete
+round over the streams: a busy log's rounds span several passes, and garbage must not
+wait for them. They run first in a pass, so they collect what earlier passes released
+(what the same pass releases is still within its grace)."""
+
+CATCH_UP_SHARE = 0.5
+"""The share of its time the maintenance thread works while the log is behind (a pass
+ran out of budget before its round over the streams ended): the next pass starts after
+as long as the last one took, instead of a whole interval. Kafka's log cleaner likewise
+works without pausing while logs are dirty, and backs off only when it finds nothing."""
 
 OPERATIONS = ("retention", "compaction", "merge", "tiering", "gc", "housekeeping", "leases")
 """What a pass runs, in order: the first four per stream, the last three log-wide."""
@@ -205,6 +222,7 @@ class Maintainer:
         self._cursor: str | None = None  # the last stream a pass finished
         self._log_wide_at = float("-inf")  # monotonic time of the last log-wide steps
         self._passes = 0
+        self._behind_passes = 0
         self._last_pass_ms: int | None = None
         self._operations = {name: OperationStatus() for name in OPERATIONS}
         self._inapplicable: set[str] = set()  # operations this kind of log has not
@@ -264,6 +282,7 @@ class Maintainer:
         with self._lock:
             result: dict[str, float] = {
                 "maintenance_passes": self._passes,
+                "maintenance_behind_passes": self._behind_passes,
                 "maintenance_holding": float(self._lease is not None),
                 "maintenance_cpu_seconds": self._cpu_seconds,
                 "maintenance_pass_seconds": self._pass_seconds,
@@ -282,11 +301,13 @@ class Maintainer:
     # ------------------------------------------------------------------ thread
 
     def _run(self) -> None:
+        wait = self.interval_ms / 1000
         try:
-            while not self._stop.wait(self.interval_ms / 1000):
+            while not self._stop.wait(wait):
+                wait = self.interval_ms / 1000
                 try:
                     if self._hold_lease():
-                        self._pass()
+                        wait = self.pause_after(*self._pass())
                 except _Stopped:
                     break
                 except LogClosedError:
@@ -295,6 +316,15 @@ class Maintainer:
                     log.warning("%s: a maintenance pass failed", self._log.url, exc_info=True)
         finally:
             self._give_up_lease()
+
+    def pause_after(self, behind: bool, pass_seconds: float) -> float:
+        """Seconds between a pass that took ``pass_seconds`` and the next: the interval,
+        or while the log is ``behind`` what keeps the thread's share of its time at
+        :data:`CATCH_UP_SHARE` (never longer than the interval)."""
+        interval = self.interval_ms / 1000
+        if not behind:
+            return interval
+        return min(interval, pass_seconds * (1 - CATCH_UP_SHARE) / CATCH_UP_SHARE)
 
     def _hold_lease(self) -> bool:
         """Take or renew the lease; whether this process may maintain now."""
@@ -332,36 +362,41 @@ class Maintainer:
                     exc_info=True,
                 )
 
-    def _pass(self) -> None:
-        """Per-stream steps until the budget is used, then (after a full round) the
-        log-wide ones."""
+    def _pass(self) -> tuple[bool, float]:
+        """The log-wide steps when due, then per-stream steps until the budget is used.
+        Returns whether the round over the streams is unfinished (the log is behind),
+        and the pass's wall time."""
         started, cpu = time.monotonic(), time.thread_time()
-        deadline = started + self.budget_ms / 1000
-        names = sorted(self._log.streams())
-        after = [name for name in names if self._cursor is None or name > self._cursor]
-        round_done = True
-        for name in after:
-            if time.monotonic() >= deadline or not self._renew_if_due():
-                round_done = False
-                break
-            self._stream_steps(name)
-            self._cursor = name
-        if round_done:
-            self._cursor = None
-        log_wide_due = time.monotonic() - self._log_wide_at >= LOG_WIDE_EVERY_MS / 1000
-        if round_done and log_wide_due and self._renew_if_due():
-            self._log_wide_at = time.monotonic()
+        if started - self._log_wide_at >= LOG_WIDE_EVERY_MS / 1000 and self._renew_if_due():
+            self._log_wide_at = started
             self._step("gc", self._log.collect_garbage)
             if self._housekeeping is not None and self._renew_if_due():
                 self._step("housekeeping", self._housekeeping)
             if self._renew_if_due():
                 self._step("leases", self._prune_leases)
+        # The budget is the per-stream steps': the log-wide ones are bounded by what they
+        # find, and must not starve the streams of a log whose garbage takes long.
+        deadline = time.monotonic() + self.budget_ms / 1000
+        names = sorted(self._log.streams())
+        after = [name for name in names if self._cursor is None or name > self._cursor]
+        behind = False
+        for name in after:
+            if time.monotonic() >= deadline or not self._renew_if_due():
+                behind = True
+                break
+            self._stream_steps(name)
+            self._cursor = name
+        if not behind:
+            self._cursor = None
+        took = time.monotonic() - started
         with self._lock:
             self._passes += 1
+            self._behind_passes += behind
             self._last_pass_ms = int(time.time() * 1000)
             self._cpu_seconds += time.thread_time() - cpu
-            self._pass_seconds += time.monotonic() - started
+            self._pass_seconds += took
         self._store_status()
+        return behind, took
 
     def _store_status(self) -> None:
         """Leave the status where ``describe`` finds it; a failure only leaves it stale."""

@@ -12,7 +12,7 @@ streams whose ``cleanup_policy`` includes ``delete``; it moves the start offset 
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -37,7 +37,7 @@ class Unit:
 
 
 def retention_point(
-    units: Sequence[Unit],
+    units: Iterable[Unit],
     tail_bytes: int,
     config: StreamConfig,
     now_ms: int,
@@ -50,11 +50,20 @@ def retention_point(
     ``units`` are in offset order; ``tail_bytes`` is what follows them and always stays
     (a local stream's active segment). ``limits`` overrides ``(retention_ms,
     retention_bytes)`` (tiering applies the local limits with the same rule).
+
+    ``units`` may be lazy: by time alone they are read only up to the first that stays,
+    so judging a stream costs what retention drops, not what the stream holds (a
+    week's retention of an object stream is millions of batches, judged every pass).
+    A size limit needs the stream's total, so it reads them all.
     """
     ms, size_limit = limits if limits is not None else (config.retention_ms, config.retention_bytes)
     if ms < 0 and size_limit < 0:
         return None
-    total = sum(u.size for u in units) + tail_bytes
+    if size_limit >= 0:
+        units = list(units)
+        total = sum(u.size for u in units) + tail_bytes
+    else:
+        total = 0  # unused: nothing goes by size
     cutoff = now_ms - ms if ms >= 0 else None
     point, count, dropped, reasons = None, 0, 0, set()
     for unit in units:

@@ -66,6 +66,11 @@ DEFAULT_LINGER_MS = 100
 DEFAULT_MAX_OBJECT_BYTES = 8 << 20
 APPEND_LINGER_MS = 0  # Stream.append: flush as soon as the previous flush is done
 DEFAULT_PRODUCER_EXPIRATION_MS = 86_400_000
+PAGE_BYTES = 64 << 20
+"""Bytes of batches one page of :meth:`ObjectLog.live_batches` asks the sequencer for."""
+FIRST_PAGE_BYTES = 64 << 10
+"""The first page when retention judges a stream: about 500 batches of small flushes,
+so a pass over a stream that drops little reads little."""
 """How long a producer's idempotence state outlives its last write (Kafka's
 ``producer.id.expiration.ms``, 1 day; ``docs/decisions/0012-producer-expiry.md``)."""
 MIN_PRODUCER_EXPIRATION_MS = 1
@@ -288,10 +293,14 @@ class ObjectLog(AbstractLog):
 
     # ------------------------------------------------------------------ reads
 
-    def live_batches(self, stream: str, start: int | None = None) -> Iterator[BatchLocation]:
+    def live_batches(
+        self, stream: str, start: int | None = None, *, first_page_bytes: int = PAGE_BYTES
+    ) -> Iterator[BatchLocation]:
         """The live batches of ``stream`` in offset order, from the one holding ``start``
         (default: the start offset), page by page from the sequencer, up to the end
-        offset of the first page (a snapshot).
+        offset of the first page (a snapshot). Pages hold :data:`PAGE_BYTES` of batches;
+        a caller that may stop early asks for a smaller first one, and each page after
+        it is twice as large, up to that.
 
         Without ``start`` the listing follows the start offset: if a trim (retention in
         another process) moves it past the next page, the listing goes on from the new
@@ -300,9 +309,10 @@ class ObjectLog(AbstractLog):
         sequencer = self.sequencer
         offset = sequencer.stream_info(stream).start_offset if start is None else start
         end: int | None = None
+        page_bytes = min(first_page_bytes, PAGE_BYTES)
         while end is None or offset < end:
             try:
-                page = sequencer.find_batches(stream, offset, 64 << 20)
+                page = sequencer.find_batches(stream, offset, page_bytes)
             except OffsetOutOfRange as exc:
                 if start is not None or exc.start_offset <= offset:
                     raise
@@ -316,6 +326,7 @@ class ObjectLog(AbstractLog):
                     return
                 yield location
             offset = page.batches[-1].last_offset + 1
+            page_bytes = min(2 * page_bytes, PAGE_BYTES)
 
     def fetch(self, key: str, start: int, end: int, *, refresh: bool = False) -> bytes:
         """Bytes ``[start, end)`` of an object, through the block cache, for a reader that
@@ -597,12 +608,14 @@ class ObjectStream(Stream):
             },
         )
 
-    def retention_units(self) -> tuple[list[Unit], int]:
+    def retention_units(self) -> tuple[Iterator[Unit], int]:
+        """The live batches, lazily, in pages that start small (:data:`FIRST_PAGE_BYTES`)
+        and grow: retention by time reads only as far as what it drops."""
         self._log.check_open()
-        units = [
+        units = (
             Unit(b.base_offset, b.last_offset + 1, b.size, b.max_timestamp)
-            for b in self._log.live_batches(self._name)
-        ]
+            for b in self._log.live_batches(self._name, first_page_bytes=FIRST_PAGE_BYTES)
+        )
         return units, 0
 
     def retention_unit_name(self, count: int) -> str:

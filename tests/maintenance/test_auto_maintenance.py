@@ -6,6 +6,7 @@ closing during a step, and options refused before anything is created.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import signal
@@ -21,7 +22,7 @@ import pytest
 
 import disklesslog
 from disklesslog import ConfigError
-from disklesslog.maintenance import auto
+from disklesslog.maintenance import MaintenanceReport, auto
 from disklesslog.maintenance.auto import MIN_LEASE_MS
 from disklesslog.sequencers.objectstore import ObjectStoreSequencer
 
@@ -281,3 +282,65 @@ def test_automatic_maintenance_prunes_released_leases(
         again = log.acquire_lease("job", "worker-2", 60_000)
         assert again is not None and again.token > lease.token
         assert log.maintenance_status().holder is not None  # its own lease stays
+
+
+def test_the_pause_after_a_pass_is_the_interval_unless_the_log_is_behind(tmp_path: Path) -> None:
+    with disklesslog.open(tmp_path / "log", fsync="never", maintenance="off") as log:
+        maintainer = auto.Maintainer(log, 4000)
+        assert maintainer.budget_ms == 1000
+        assert maintainer.pause_after(False, 0.2) == 4.0
+        assert maintainer.pause_after(False, 30.0) == 4.0
+        # Behind: as long as the pass took (half the thread's time), never over the interval.
+        assert maintainer.pause_after(True, 1.2) == pytest.approx(1.2)
+        assert maintainer.pause_after(True, 9.0) == 4.0
+
+
+def test_a_log_behind_catches_up_and_collects_garbage_mid_round(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Per-stream steps slower than a pass's budget: a round over the streams takes several
+    passes, and they come back to back (not an interval apart), while the log-wide steps
+    still run when due although no round has ended (a busy log's garbage must not wait
+    for its rounds)."""
+    monkeypatch.setattr(auto, "LOG_WIDE_EVERY_MS", 0)
+    with disklesslog.open(tmp_path / "log", fsync="never", maintenance="off") as log:
+        for i in range(10):
+            log.stream(f"s-{i}").append(b"x")
+        steps: list[tuple[float, str]] = []
+        real_retention = log.apply_retention
+
+        def slow_retention(stream: str | None = None, **kwargs: Any) -> MaintenanceReport:
+            time.sleep(0.25)
+            steps.append((time.monotonic(), f"retention {stream}"))
+            return real_retention(stream, **kwargs)
+
+        def gc(**kwargs: Any) -> MaintenanceReport:
+            steps.append((time.monotonic(), "gc"))
+            return MaintenanceReport("gc")
+
+        monkeypatch.setattr(log, "apply_retention", slow_retention)
+        monkeypatch.setattr(log, "collect_garbage", gc)
+        # A 2 s interval, so a 500 ms budget: ten streams of 250 ms take several passes.
+        maintainer = auto.Maintainer(log, 2000)
+        maintainer.start()
+        try:
+            _wait_for(lambda: sum(name == "gc" for _, name in steps) >= 5, 30, "five passes")
+        finally:
+            maintainer.stop()
+        metrics = maintainer.metrics()
+    starts = [at for at, name in steps if name == "gc"]  # every pass collects first
+    # The passes came back to back: a pass (~0.5 s) and as long again, not 2 s apart.
+    gaps = [b - a for a, b in itertools.pairwise(starts[:5])]
+    assert all(gap < 1.8 for gap in gaps), gaps
+    # Each ran out of its budget after one to three streams: none ended a round, and
+    # garbage collection ran in every one all the same.
+    passes: list[list[str]] = []
+    for _, name in steps:
+        if name == "gc":
+            passes.append([])
+        else:
+            passes[-1].append(name)
+    assert all(1 <= len(streams) <= 3 for streams in passes[:4]), passes
+    done = [name for streams in passes for name in streams]
+    assert done == [f"retention s-{i}" for i in range(10)][: len(done)]  # round-robin
+    assert metrics["maintenance_behind_passes"] >= 4

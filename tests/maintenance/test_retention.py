@@ -6,6 +6,8 @@ change nothing; runs are idempotent; bad settings are refused."""
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -56,7 +58,8 @@ def test_size_retention_keeps_at_least_the_limit(maintenance_factory) -> None:  
     before = _records(log, "s")
     report = log.apply_retention(now_ms=NOW)
     stream = log.stream("s")
-    units, tail = stream.retention_units()
+    lazy, tail = stream.retention_units()
+    units = list(lazy)
     kept = sum(u.size for u in units) + tail
     assert kept >= 8_000
     if units:  # and not a unit more: without the oldest remaining one it would be below
@@ -180,6 +183,52 @@ def test_rule_time_stops_at_the_first_unit_that_stays() -> None:
     config = disklesslog.StreamConfig(retention_ms=100)
     units = _units((10, 50), (10, 950), (10, 60), (10, 990))  # the third is old but behind
     assert retention_point(units, 0, config, 1_000) == (10, 1, 10, "retention_ms")
+
+
+def test_rule_time_reads_units_only_up_to_the_first_that_stays() -> None:
+    """Judged by time alone, units are read lazily and no further than the first that
+    stays: what a pass costs follows what it drops, not what the stream holds."""
+    config = disklesslog.StreamConfig(retention_ms=100)
+    read: list[int] = []
+
+    def units() -> Iterator[Unit]:
+        for unit in _units((10, 50), (10, 60), (10, 950), *[(10, 990)] * 1000):
+            read.append(unit.base_offset)
+            yield unit
+
+    assert retention_point(units(), 0, config, 1_000) == (20, 2, 20, "retention_ms")
+    assert read == [0, 10, 20]
+    read.clear()  # a size limit needs the stream's total: every unit is read
+    sized = disklesslog.StreamConfig(retention_ms=100, retention_bytes=10_015)
+    assert retention_point(units(), 0, sized, 1_000) == (20, 2, 20, "retention_ms")
+    assert len(read) == 1003
+
+
+def test_object_retention_reads_what_it_drops_not_the_whole_stream(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An object stream of 3,000 live batches of which retention drops 10: the sequencer
+    is asked for a small first page, not for every batch."""
+    with disklesslog.open(
+        "memory://lazy-retention", backend="objects", retention_ms=30_000, maintenance="off"
+    ) as log:
+        with log.writer(linger_ms=60_000) as writer:
+            for i in range(3_000):
+                writer.append_batch("s", [b"%06d" % i], timestamps=1_000 if i < 10 else NOW)
+        fetched: list[int] = []
+        find_batches = log.sequencer.find_batches
+
+        def counted(stream: str, offset: int, max_bytes: int) -> Any:
+            page = find_batches(stream, offset, max_bytes)
+            fetched.append(len(page.batches))
+            return page
+
+        monkeypatch.setattr(log.sequencer, "find_batches", counted)
+        report = log.apply_retention("s", now_ms=NOW)
+        assert log.stream("s").start_offset == 10 and report.records_removed == 10
+        assert 0 < sum(fetched) < 1_000, fetched
+        monkeypatch.undo()
+        assert next(iter(log.stream("s").read())).offset == 10
 
 
 def test_rule_size_keeps_at_least_the_limit() -> None:
