@@ -19,8 +19,9 @@ every ``maintenance_interval_ms``:
    unused for a day. Then the per-stream operations (retention; compaction of
    compacted streams; merging; tiering) stream by stream, round-robin from where the
    last pass stopped, until the pass has used its time budget (a quarter of the
-   interval, at most :data:`MAX_BUDGET_MS`). Every step is a call that takes the same
-   locks appends take only for its short swaps.
+   interval, at most :data:`MAX_BUDGET_MS`); the first stream of a pass always runs.
+   Every step is a call that takes the same locks appends take only for its short
+   swaps.
 3. waits for the next pass: one interval when the pass finished its round over the
    streams; when the budget ran out first, the log is *behind* (a busy log gives its
    maintenance more to do per interval than a budget holds) and the next pass comes
@@ -380,9 +381,12 @@ class Maintainer:
         names = sorted(self._log.streams())
         after = [name for name in names if self._cursor is None or name > self._cursor]
         behind = False
-        for name in after:
-            if time.monotonic() >= deadline or not self._renew_if_due():
-                behind = True
+        for done, name in enumerate(after):
+            # The first stream of a pass always runs: a budget that listing the streams
+            # or renewing the lease used up (slow storage, a loaded machine) must not
+            # starve the streams, nor count the log as behind with nothing done.
+            if (done and time.monotonic() >= deadline) or not self._renew_if_due():
+                behind = bool(done)
                 break
             self._stream_steps(name)
             self._cursor = name

@@ -346,3 +346,36 @@ def test_a_log_behind_catches_up_and_collects_garbage_mid_round(
     done = [name for _, streams in passes for _, name in streams]
     assert done == [f"retention s-{i}" for i in range(10)][: len(done)]  # round-robin
     assert metrics["maintenance_behind_passes"] >= 4
+
+
+def test_a_budget_used_up_before_the_first_stream_still_runs_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Listing the streams takes longer than the whole budget (slow storage, a loaded
+    machine): every pass still maintains one stream, round-robin, and a pass that did
+    so with streams left counts as behind."""
+    with disklesslog.open(tmp_path / "log", fsync="never", maintenance="off") as log:
+        for i in range(3):
+            log.stream(f"s-{i}").append(b"x")
+        ran: list[str | None] = []
+        real_streams, real_retention = log.streams, log.apply_retention
+
+        def slow_streams() -> list[str]:
+            time.sleep(0.05)  # the budget of a 100 ms interval is 25 ms
+            return real_streams()
+
+        def retention(stream: str | None = None, **kwargs: Any) -> MaintenanceReport:
+            ran.append(stream)
+            return real_retention(stream, **kwargs)
+
+        monkeypatch.setattr(log, "streams", slow_streams)
+        monkeypatch.setattr(log, "apply_retention", retention)
+        maintainer = auto.Maintainer(log, 100)
+        maintainer.start()
+        try:
+            _wait_for(lambda: len(ran) >= 6, 30, "six streams maintained")
+        finally:
+            maintainer.stop()
+        metrics = maintainer.metrics()
+    assert ran[:6] == ["s-0", "s-1", "s-2"] * 2
+    assert metrics["maintenance_behind_passes"] >= 2
