@@ -681,9 +681,16 @@ class AbstractLog(ABC):
         dry_run: bool = False,
         progress: Progress | None = None,
         grace_seconds: float | None = None,
+        reconcile: bool = True,
     ) -> MaintenanceReport:
         """Delete stored data nothing refers to any more, once it has been unreferenced
-        for ``grace_seconds`` (default 60: readers holding old locations finish first)."""
+        for ``grace_seconds`` (default 60: readers holding old locations finish first).
+
+        ``reconcile`` also lists storage for what nothing ever referenced (uploads whose
+        commit never came, a tier's failed copies) and deletes it once old enough. That
+        listing costs what the log holds rather than what it collects: automatic
+        maintenance reconciles at most every 5 minutes, and ``reconcile=False``
+        collects only the garbage the log's metadata names."""
         from .maintenance.grace import resolve_grace  # noqa: PLC0415 - grace.py imports api
 
         resolve_grace(grace_seconds)

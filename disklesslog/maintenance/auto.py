@@ -42,6 +42,7 @@ explicit calls (``log.maintain()``, the CLI) remain for cron jobs and one-off ru
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import os
 import socket
@@ -76,6 +77,7 @@ __all__ = [
     "MIN_INTERVAL_MS",
     "MODES",
     "OPERATIONS",
+    "RECONCILE_EVERY_MS",
     "Maintainer",
     "MaintenanceStatus",
     "OperationStatus",
@@ -116,6 +118,14 @@ run lists the whole data prefix. They are due by time alone, not after a complet
 round over the streams: a busy log's rounds span several passes, and garbage must not
 wait for them. They run first in a pass, so they collect what earlier passes released
 (what the same pass releases is still within its grace)."""
+
+RECONCILE_EVERY_MS = 300_000
+"""Garbage collection's reconcile pass (listing storage for what the log's metadata
+never named: uploads whose commit never came) runs at most this often, the
+five-minute age such an object must reach before it may be deleted: reconciling more
+often deletes nothing sooner. The listing, and the sequencer's verified list of every
+object it knows, cost what the log holds: once a minute on a log of 250,000 objects
+they were a quarter of its maintenance."""
 
 CATCH_UP_SHARE = 0.5
 """The share of its time the maintenance thread works while the log is behind (a pass
@@ -222,6 +232,7 @@ class Maintainer:
         self._lease: Lease | None = None
         self._cursor: str | None = None  # the last stream a pass finished
         self._log_wide_at = float("-inf")  # monotonic time of the last log-wide steps
+        self._reconciled_at = float("-inf")  # ... and of the last reconciling collection
         self._passes = 0
         self._behind_passes = 0
         self._last_pass_ms: int | None = None
@@ -370,7 +381,10 @@ class Maintainer:
         started, cpu = time.monotonic(), time.thread_time()
         if started - self._log_wide_at >= LOG_WIDE_EVERY_MS / 1000 and self._renew_if_due():
             self._log_wide_at = started
-            self._step("gc", self._log.collect_garbage)
+            reconcile = started - self._reconciled_at >= RECONCILE_EVERY_MS / 1000
+            collect = functools.partial(self._log.collect_garbage, reconcile=reconcile)
+            if self._step("gc", collect) and reconcile:
+                self._reconciled_at = started
             if self._housekeeping is not None and self._renew_if_due():
                 self._step("housekeeping", self._housekeeping)
             if self._renew_if_due():
@@ -438,17 +452,19 @@ class Maintainer:
             return self._hold_lease()
         return True
 
-    def _step(self, operation: str, run: Callable[[], MaintenanceReport]) -> None:
+    def _step(self, operation: str, run: Callable[[], MaintenanceReport]) -> bool:
+        """Run one operation, count it, log what it changed; whether it ran without an
+        error (errors are logged and counted, never raised: the next pass retries)."""
         if self._stop.is_set():
             raise _Stopped
         if operation in self._inapplicable:
-            return
+            return True
         try:
             report = run()
         except LogClosedError:
             raise
         except StreamNotFound:  # deleted since the pass listed it: nothing to maintain
-            return
+            return True
         except Exception as exc:
             log.warning("%s: maintenance (%s) failed", self._log.url, operation, exc_info=True)
             with self._lock:
@@ -457,7 +473,7 @@ class Maintainer:
                 op.errors += 1
                 op.last_run_ms = int(time.time() * 1000)
                 op.last_error = f"{type(exc).__name__}: {exc}"
-            return
+            return False
         if report.actions:
             log.info(
                 "%s: maintenance (%s): %s", self._log.url, operation, "; ".join(report.actions)
@@ -465,7 +481,7 @@ class Maintainer:
         with self._lock:
             if not report.applicable:
                 self._inapplicable.add(operation)
-                return
+                return True
             op = self._operations[operation]
             op.runs += 1
             op.last_run_ms = int(time.time() * 1000)
@@ -475,6 +491,7 @@ class Maintainer:
                 value = getattr(report, counter)
                 if value and counter != "streams":
                     op.totals[counter] = op.totals.get(counter, 0) + value
+        return True
 
 
 _LIVE: weakref.WeakSet[Maintainer] = weakref.WeakSet()

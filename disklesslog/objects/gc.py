@@ -25,6 +25,14 @@ Two passes:
    two-phase commit (``….staged``) may wait up to ``STAGED_MAX_AGE`` (12 h) for their
    commit, so their floor is ``STAGED_UNKNOWN_MIN_AGE`` (24 h).
 
+The reconcile pass costs what the log holds, not what it collects: one LIST of every
+data object and a verified read of every object the sequencer knows (a busy log holds
+hundreds of thousands). A collection with ``reconcile=False`` skips it, and looks up
+only the sizes of the objects it deletes (a ``stat`` each on a local disk). Automatic
+maintenance reconciles at most every :data:`UNKNOWN_MIN_AGE`: an object it finds must
+be that old before it goes anyway, so reconciling more often deletes nothing sooner
+than one such interval later.
+
 Deleting is idempotent and forgetting comes after deleting, so a collection killed at
 any point is finished by the next one. Dry runs list what would go and change nothing.
 """
@@ -38,7 +46,7 @@ from ..errors import SequencerConflict
 from ..maintenance.grace import resolve_grace
 from ..maintenance.report import MaintenanceReport, Progress
 from ..transactions import STAGED_UNKNOWN_MIN_AGE
-from .storage import STAGED, key_kind, key_time_ns
+from .storage import OBJECTS, STAGED, key_kind, key_time_ns
 from .writer import UPLOAD_MAX_AGE
 
 if TYPE_CHECKING:
@@ -59,31 +67,24 @@ def collect_garbage(
     dry_run: bool = False,
     progress: Progress | None = None,
     grace_seconds: float | None = None,
+    reconcile: bool = True,
 ) -> MaintenanceReport:
-    """Delete unreferenced objects after ``grace_seconds`` (default 60), then objects the
-    sequencer never knew once they are that old and at least UNKNOWN_MIN_AGE old."""
+    """Delete unreferenced objects after ``grace_seconds`` (default 60), then, with
+    ``reconcile``, objects the sequencer never knew once they are that old and at least
+    UNKNOWN_MIN_AGE old."""
     grace = resolve_grace(grace_seconds)
     report = MaintenanceReport("gc", dry_run=dry_run)
     storage = object_log.storage
     sequencer = object_log.sequencer
-    stored = storage.list_objects()  # first: see "Reconcile" in the module docstring
-    garbage = sequencer.objects_to_delete(grace)
-    known = set(sequencer.list_objects())
-    collected = set(garbage)
-    floor_ns = int(max(grace, UNKNOWN_MIN_AGE) * 1e9)
-    # Staged objects wait for a two-phase commit up to STAGED_MAX_AGE: a longer floor.
-    staged_floor_ns = int(max(grace, STAGED_UNKNOWN_MIN_AGE) * 1e9)
-    now_ns = time.time_ns()
-    unknown: list[str] = []
-    undated = 0
-    for key in stored:
-        if key in known or key in collected:
-            continue
-        born = key_time_ns(key)
-        if born is None:
-            undated += 1
-        elif now_ns - born >= (staged_floor_ns if key_kind(key) == STAGED else floor_ns):
-            unknown.append(key)
+    if not reconcile:
+        garbage = sequencer.objects_to_delete(grace)
+        stored = storage.sizes(garbage, OBJECTS)
+        unknown: list[str] = []
+        undated = 0
+    else:
+        stored = storage.list_objects()  # first: see "Reconcile" in the module docstring
+        garbage = sequencer.objects_to_delete(grace)
+        unknown, undated = _unknown(stored, garbage, set(sequencer.list_objects()), grace)
     total = sum(stored.get(key, 0) for key in (*garbage, *unknown))
     done = 0
     if progress is not None:
@@ -124,6 +125,29 @@ def collect_garbage(
             "(not written by disklesslog): left alone"
         )
     return report
+
+
+def _unknown(
+    stored: dict[str, int], garbage: list[str], known: set[str], grace: float
+) -> tuple[list[str], int]:
+    """The stored objects the sequencer never knew that are old enough to delete, and
+    how many files have no time in their name (not ours: left alone)."""
+    collected = set(garbage)
+    floor_ns = int(max(grace, UNKNOWN_MIN_AGE) * 1e9)
+    # Staged objects wait for a two-phase commit up to STAGED_MAX_AGE: a longer floor.
+    staged_floor_ns = int(max(grace, STAGED_UNKNOWN_MIN_AGE) * 1e9)
+    now_ns = time.time_ns()
+    unknown: list[str] = []
+    undated = 0
+    for key in stored:
+        if key in known or key in collected:
+            continue
+        born = key_time_ns(key)
+        if born is None:
+            undated += 1
+        elif now_ns - born >= (staged_floor_ns if key_kind(key) == STAGED else floor_ns):
+            unknown.append(key)
+    return unknown, undated
 
 
 def _delete(

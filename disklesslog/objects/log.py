@@ -425,14 +425,19 @@ class ObjectLog(AbstractLog):
         dry_run: bool = False,
         progress: Progress | None = None,
         grace_seconds: float | None = None,
+        reconcile: bool = True,
     ) -> MaintenanceReport:
         """Garbage collection (:mod:`disklesslog.objects.gc`): deletes objects that have
-        held no live batch for ``grace_seconds`` (default 60), then objects in storage
-        the sequencer never knew (uploads whose commit never came) once they are older
-        than that and at least 5 minutes old."""
+        held no live batch for ``grace_seconds`` (default 60), then, with ``reconcile``,
+        objects in storage the sequencer never knew (uploads whose commit never came)
+        once they are older than that and at least 5 minutes old."""
         self.check_open()
         return collect_garbage(
-            self, dry_run=dry_run, progress=progress, grace_seconds=grace_seconds
+            self,
+            dry_run=dry_run,
+            progress=progress,
+            grace_seconds=grace_seconds,
+            reconcile=reconcile,
         )
 
     # -------------------------------------------------------- consumer groups

@@ -568,11 +568,13 @@ class SegmentLog(AbstractLog):
         dry_run: bool = False,
         progress: Progress | None = None,
         grace_seconds: float | None = None,
+        reconcile: bool = True,
     ) -> MaintenanceReport:
         """Delete tiered objects that left their streams (retention, trims) once they have
-        been garbage for ``grace_seconds`` (default 60), and objects under the tier
-        prefix that no manifest names (failed uploads, deleted streams) once they are
-        that old. Local segments need no collection: they are deleted when trimmed.
+        been garbage for ``grace_seconds`` (default 60), and, with ``reconcile``, objects
+        under the tier prefix that no manifest names (failed uploads, deleted streams)
+        once they are that old. Local segments need no collection: they are deleted when
+        trimmed.
         Staged files of two-phase commits nobody committed or aborted go once
         ``STAGED_UNKNOWN_MIN_AGE`` (24 h) old."""
         self.check_open()
@@ -583,7 +585,12 @@ class SegmentLog(AbstractLog):
         else:
             tiered.tier.check_owner(tiered.tier.log_id, claim=True)
             report = tiering.collect_garbage(
-                self, tiered.tier, dry_run=dry_run, progress=progress, grace_seconds=grace_seconds
+                self,
+                tiered.tier,
+                dry_run=dry_run,
+                progress=progress,
+                grace_seconds=grace_seconds,
+                reconcile=reconcile,
             )
         transactions.collect_staged(
             self,

@@ -379,3 +379,42 @@ def test_a_budget_used_up_before_the_first_stream_still_runs_it(
         metrics = maintainer.metrics()
     assert ran[:6] == ["s-0", "s-1", "s-2"] * 2
     assert metrics["maintenance_behind_passes"] >= 2
+
+
+def test_garbage_collection_reconciles_at_most_every_few_minutes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first collection reconciles (lists storage for what nothing ever named), the
+    next ones within RECONCILE_EVERY_MS do not; a reconciling run that failed is tried
+    again in the next pass instead of waiting out the interval."""
+    monkeypatch.setattr(auto, "LOG_WIDE_EVERY_MS", 0)
+    with disklesslog.open(tmp_path / "log", fsync="never", maintenance="off") as log:
+        log.stream("s").append(b"x")
+        calls: list[bool] = []
+
+        def gc(**kwargs: Any) -> MaintenanceReport:
+            calls.append(kwargs["reconcile"])
+            if len(calls) == 1:
+                raise OSError("the listing failed")
+            if len(calls) == 3:
+                monkeypatch.setattr(auto, "RECONCILE_EVERY_MS", 0)  # due from now on
+            return MaintenanceReport("gc")
+
+        monkeypatch.setattr(log, "collect_garbage", gc)
+        maintainer = auto.Maintainer(log, 20)
+        maintainer.start()
+        try:
+            _wait_for(lambda: len(calls) >= 5, 30, "five collections")
+        finally:
+            maintainer.stop()
+        metrics = maintainer.metrics()
+    assert calls[:5] == [True, True, False, True, True], calls
+    assert metrics["maintenance_gc_errors"] == 1
+
+
+def test_reconcile_interval_is_the_age_unknown_objects_must_reach() -> None:
+    """Reconciling more often than an unknown object may be deleted finds nothing new
+    to delete; less often would keep failed uploads longer than necessary."""
+    from disklesslog.objects.gc import UNKNOWN_MIN_AGE
+
+    assert auto.RECONCILE_EVERY_MS == UNKNOWN_MIN_AGE * 1000

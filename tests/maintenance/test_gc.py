@@ -100,6 +100,41 @@ def test_reconcile_takes_old_unknown_objects_only(object_maintenance_factory) ->
     assert young_unknown not in stored(log) and old_live in stored(log)
 
 
+@pytest.mark.all_backends
+def test_a_collection_without_reconcile_takes_only_what_the_sequencer_names(  # type: ignore[no-untyped-def]
+    object_maintenance_factory,
+) -> None:
+    """``reconcile=False`` (automatic maintenance between its reconciling passes):
+    the sequencer's garbage goes with its exact sizes, looked up without listing the
+    data folder; an old upload the sequencer never knew stays for the next reconcile."""
+    log = object_maintenance_factory()
+    _fill_and_merge(log)
+    objects = as_objects(log)
+    storage = objects.storage
+    unknown = ObjectStorage.new_key(time_ns=time.time_ns() - HOUR_NS)
+    storage.put(unknown, b"never committed")
+    sizes = storage.list_objects()
+    garbage = set(objects.sequencer.objects_to_delete(0))
+    assert len(garbage) == 20
+    assert storage.sizes([*sorted(garbage), "objects/missing"], "objects") == {
+        key: sizes[key] for key in garbage
+    }
+
+    def no_listing() -> dict[str, int]:
+        raise AssertionError("a collection without reconcile listed the data folder")
+
+    with pytest.MonkeyPatch.context() as patch:
+        if storage.local_root() is not None:  # elsewhere sizes() is one LIST by design
+            patch.setattr(storage, "list_objects", no_listing)
+        report = log.collect_garbage(grace_seconds=0, reconcile=False)
+    assert report.objects_deleted == 20
+    assert report.bytes_deleted == sum(sizes[key] for key in garbage)
+    assert stored(log) == referenced(log) | {unknown}
+    assert not set(objects.sequencer.list_objects()) & garbage  # forgotten
+    assert log.collect_garbage(grace_seconds=0).objects_deleted == 1  # reconciled now
+    assert stored(log) == referenced(log)
+
+
 def test_a_collection_killed_between_deleting_and_forgetting_is_finished(  # type: ignore[no-untyped-def]
     object_maintenance_factory,
 ) -> None:

@@ -418,8 +418,10 @@ def collect_garbage(
     dry_run: bool,
     progress: Progress | None,
     grace_seconds: float | None,
+    reconcile: bool = True,
 ) -> MaintenanceReport:
-    """Delete the tier's garbage and orphans that are older than ``grace_seconds``."""
+    """Delete the tier's garbage, and with ``reconcile`` its orphans (one LIST of the
+    tier), that are older than ``grace_seconds``."""
     grace = resolve_grace(grace_seconds)
     report = MaintenanceReport("gc", dry_run=dry_run)
     now = time.time()
@@ -429,7 +431,8 @@ def collect_garbage(
             progress("gc", done, len(names))
         report.streams += 1
         _collect_doomed(log, tier, name, report, dry_run=dry_run, cutoff_ms=(now - grace) * 1000)
-    _reconcile(log, tier, report, dry_run=dry_run, cutoff=now - grace)
+    if reconcile:
+        _reconcile(log, tier, report, dry_run=dry_run, cutoff=now - grace)
     if progress is not None:
         progress("gc", len(names), len(names))
     return report
