@@ -367,6 +367,10 @@ def test_reconcile_deletes_orphans_after_the_grace(tmp_path: Path, target: Targe
     assert log.collect_garbage(grace_seconds=300).objects_deleted == 0  # all too young
     stored = target.keys()
     assert orphan in stored and deleted_stream_keys <= stored
+    # Without the reconcile pass (automatic maintenance between its reconciling runs)
+    # what no manifest names stays, whatever its age.
+    assert log.collect_garbage(grace_seconds=0, reconcile=False).objects_deleted == 0
+    assert target.keys() == stored
     report = log.collect_garbage(grace_seconds=0)
     assert report.objects_deleted == 1 + len(deleted_stream_keys)
     assert target.keys() == _referenced(tmp_path / "log")
