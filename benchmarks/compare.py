@@ -16,7 +16,8 @@ local log, a cached read of an object log, writes to an object log (one PUT and 
 commit per flush), tiering a local log and reading it back from the tier (cold, then
 through the block cache), and ``Sequencer.commit`` of 10 batches on the SQLite,
 object-store (``file://``) and memory sequencers, plus the object-store sequencer's
-replay on open; and ``many``, run.py's many-streams group once (appends round-robin
+replay on open; ``busyopen``, opening the object-store sequencer of a busy log (a
+checkpoint holding 150,000 objects, then 2,000 entries to replay); and ``many``, run.py's many-streams group once (appends round-robin
 over 500 and over 10,000 streams of one log, which parks and reopens them), minutes a
 round, so name it with ``--only many``.
 """
@@ -43,6 +44,7 @@ WORKLOADS = (
     "sqlite",
     "objectstore",
     "memory",
+    "busyopen",
     "many",
 )
 COMMITS = 2_000
@@ -162,11 +164,56 @@ def _run(workload: str, directory: str) -> dict[str, float]:
         replica.close()
         sequencer.close()
         return {"object-store commits/s": rate, "object-store opens/s": 1 / opened}
+    if workload == "busyopen":
+        return _busy_open(directory)
     if workload == "memory":
         return {"memory sequencer commits/s": _commits_per_second(open_sequencer("memory://c"))}
     if workload == "many":
         return _many(Path(directory))
     raise SystemExit(f"unknown workload {workload!r}")
+
+
+def _busy_open(directory: str) -> dict[str, float]:
+    """Open the object-store sequencer of a busy log: its newest checkpoint holds
+    150,000 objects (dead ones waiting for garbage collection, as at 1,000 one-object
+    flushes a second), and 2,000 entries of one commit each follow it, which the open
+    replays. Then one read of a stream's batches, as a reader's first call."""
+    import fsspec
+
+    from disklesslog.sequencers import BatchToCommit
+    from disklesslog.sequencers.objectstore import ObjectStoreSequencer
+
+    def fresh() -> ObjectStoreSequencer:
+        fs = fsspec.filesystem("file", auto_mkdir=True)
+        return ObjectStoreSequencer(fs, f"{directory}/sequencer")
+
+    writer = fresh()
+    names = [f"s-{i:03d}" for i in range(100)]
+    for name in names:
+        writer.create_stream(name, {})
+    now = int(time.time() * 1000)
+    serial = 0
+    for _ in range(300):  # 150,000 objects of one batch each, 500 to an entry
+        group = []
+        for _ in range(500):
+            serial += 1
+            batch = BatchToCommit(names[serial % 100], 0, 100, 1, 1, now)
+            group.append((f"objects/{serial:020d}-busy", [batch]))
+        writer.commit_many(group)
+    for name in names:  # every object dead, kept for garbage collection's grace
+        writer.trim(name, writer.stream_info(name).end_offset)
+    writer.write_checkpoint()
+    for _ in range(2_000):
+        serial += 1
+        batch = BatchToCommit(names[serial % 100], 0, 100, 1, 1, now)
+        writer.commit(f"objects/{serial:020d}-busy", [batch])
+    writer.close()
+    start = time.perf_counter()
+    reader = fresh()
+    reader.find_batches(names[42], reader.stream_info(names[42]).start_offset, 1 << 20)
+    opened = time.perf_counter() - start
+    reader.close()
+    return {"busy object-store opens/s": 1 / opened}
 
 
 def _tiered(directory: str, value: bytes) -> dict[str, float]:

@@ -43,6 +43,7 @@ from .base import (
     StreamMeta,
     TransactionResult,
 )
+from .object_table import ObjectState, ObjectTable
 from .producers import ProducerStreamState
 
 __all__ = ["MemorySequencer", "open_memory_sequencer", "reset_memory_sequencers"]
@@ -218,12 +219,6 @@ class _Stream:
         return [[ts, offset] for ts, offset in self.loaded_index.items()]
 
 
-@dataclass(slots=True)  # a state holds one per object until it is collected: 300,000 at
-class _Object:  # 1,000 flushes/s and garbage collection's 60 s grace: 60,000+
-    live: int = 0
-    dead_since: float | None = None
-
-
 _INSTANCES: dict[str, MemorySequencer] = {}
 _INSTANCES_LOCK = threading.Lock()
 
@@ -272,8 +267,7 @@ class MemorySequencer(Sequencer):
         self._next_producer_id = 1
         self._next_batch_id = 1
         self._live_batches = 0  # of all streams
-        self._object_rows: list[list[Any]] | None = None  # a snapshot's: see _objects
-        self._loaded_objects: dict[str, _Object] = {}
+        self._objects = ObjectTable()
         self._groups: dict[str, dict[str, int]] = {}
         # transaction id -> (commit time, ranges), oldest first (see _forget_transactions)
         self._transactions: OrderedDict[str, tuple[float, dict[str, tuple[int, int]]]] = (
@@ -470,7 +464,7 @@ class MemorySequencer(Sequencer):
             if known is not None:
                 for key, _ in checked:
                     if key not in self._objects:
-                        self._objects[key] = _Object(0, now)
+                        self._objects.add(key, ObjectState(0, now))
                 return TransactionResult(txn, dict(known[1]), duplicate=True)
             known_keys = [key for key, _ in checked if key in self._objects]
             if known_keys:
@@ -502,7 +496,7 @@ class MemorySequencer(Sequencer):
         check_object_key(object_key)
         with self._lock:
             if object_key not in self._objects:
-                self._objects[object_key] = _Object(0, self._clock())
+                self._objects.add(object_key, ObjectState(0, self._clock()))
 
     # ------------------------------------------------------------------- reads
 
@@ -611,11 +605,11 @@ class MemorySequencer(Sequencer):
             for key in check_keys(object_keys):
                 o = self._objects.get(key)
                 if o is not None and o.live == 0:
-                    del self._objects[key]
+                    self._objects.remove(key)
 
     def list_objects(self) -> list[str]:
         with self._lock:
-            return sorted(self._objects)
+            return sorted(self._objects.keys())
 
     # ---------------------------------------------------------- consumer groups
 
@@ -685,10 +679,7 @@ class MemorySequencer(Sequencer):
         state can hold many more objects than live batches."""
         with self._lock:
             return (
-                self._live_batches
-                + len(self._loaded_objects if self._object_rows is None else self._object_rows)
-                + len(self._streams)
-                + len(self._producers)
+                self._live_batches + len(self._objects) + len(self._streams) + len(self._producers)
             )
 
     def snapshot(self) -> dict[str, Any]:
@@ -724,11 +715,7 @@ class MemorySequencer(Sequencer):
                 "producer_names": sorted([n, pid] for n, pid in self._producer_names.items()),
                 "next_producer_id": self._next_producer_id,
                 "next_batch_id": self._next_batch_id,
-                "objects": (
-                    sorted([k, o.live, o.dead_since] for k, o in self._loaded_objects.items())
-                    if self._object_rows is None
-                    else self._object_rows  # sorted when they were written
-                ),
+                "objects": self._objects.rows(),
                 "groups": sorted(
                     [g, sorted([s, off] for s, off in offsets.items())]
                     for g, offsets in self._groups.items()
@@ -790,8 +777,7 @@ class MemorySequencer(Sequencer):
         seq._producer_names = dict(snapshot["producer_names"])
         seq._next_producer_id = snapshot["next_producer_id"]
         seq._next_batch_id = snapshot["next_batch_id"]
-        if snapshot["objects"]:
-            seq._object_rows = snapshot["objects"]
+        seq._objects = ObjectTable(snapshot["objects"])
         seq._groups = {g: dict(offsets) for g, offsets in snapshot["groups"]}
         for txn, at, ranges in snapshot.get("transactions", ()):  # absent before transactions
             seq._transactions[txn] = (at, {name: (first, end) for name, first, end in ranges})
@@ -801,18 +787,6 @@ class MemorySequencer(Sequencer):
         return seq
 
     # ----------------------------------------------------------------- helpers
-
-    @property
-    def _objects(self) -> dict[str, _Object]:
-        """object key -> its live batches, and since when it is dead. A state loaded from
-        a snapshot keeps the snapshot's rows until this is first used: a process that
-        only reads never needs them, and a busy log's state holds every object of the
-        last minute or two until garbage collection deletes it (60,000-120,000 at 1,000
-        flushes/s with the default 60 s grace, collected once a minute). Caller holds the lock."""
-        if self._object_rows is not None:
-            rows, self._object_rows = self._object_rows, None
-            self._loaded_objects = {key: _Object(live, dead) for key, live, dead in rows}
-        return self._loaded_objects
 
     def _new_batch_id(self) -> int:
         batch_id = self._next_batch_id
@@ -830,13 +804,16 @@ class MemorySequencer(Sequencer):
         """Count ``batches`` new live batches in object ``key`` (it stays dead if 0)."""
         o = self._objects.get(key)
         if o is None:
-            o = self._objects[key] = _Object(0, None if batches else self._clock())
+            o = ObjectState(0, None if batches else self._clock())
+            self._objects.add(key, o)
         if batches:
             o.live += batches
             o.dead_since = None
 
     def _release(self, key: str) -> None:
-        o = self._objects[key]
+        o = self._objects.get(key)
+        if o is None:
+            raise KeyError(key)
         o.live -= 1
         if o.live == 0:
             o.dead_since = self._clock()
