@@ -17,9 +17,10 @@ commit per flush), tiering a local log and reading it back from the tier (cold, 
 through the block cache), and ``Sequencer.commit`` of 10 batches on the SQLite,
 object-store (``file://``) and memory sequencers, plus the object-store sequencer's
 replay on open; ``busyopen``, opening the object-store sequencer of a busy log (a
-checkpoint holding 150,000 objects, then 2,000 entries to replay); and ``many``, run.py's many-streams group once (appends round-robin
-over 500 and over 10,000 streams of one log, which parks and reopens them), minutes a
-round, so name it with ``--only many``.
+checkpoint holding 150,000 objects, then 2,000 entries to replay); and ``many``,
+run.py's many-streams group once (appends round-robin over 500 and over 10,000 streams
+of one log, which parks and reopens them), minutes a round, so name it with
+``--only many``.
 """
 
 from __future__ import annotations
