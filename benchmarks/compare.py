@@ -310,6 +310,11 @@ def compare(
     return rows
 
 
+def _figure(value: float) -> str:
+    """Thousands separated, or three significant digits for small rates (opens/s)."""
+    return f"{value:,.0f}" if value >= 100 else f"{value:.3g}"
+
+
 def main() -> None:
     if len(sys.argv) == 4 and sys.argv[1] == "--worker":
         print(json.dumps(_run(sys.argv[2], sys.argv[3])))
@@ -326,7 +331,7 @@ def main() -> None:
     print("| measure | old (median) | new (median) | new / old |")
     print("|---|---:|---:|---:|")
     for name, row in rows.items():
-        print(f"| {name} | {row['old']:,.0f} | {row['new']:,.0f} | {row['ratio']:.2f} |")
+        print(f"| {name} | {_figure(row['old'])} | {_figure(row['new'])} | {row['ratio']:.2f} |")
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1))
 
