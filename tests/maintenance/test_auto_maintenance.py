@@ -49,6 +49,20 @@ def _wait_for(condition: Any, seconds: float, what: str) -> None:
         time.sleep(0.05)
 
 
+def _maintain_until(
+    log: disklesslog.AbstractLog, interval_ms: int, condition: Any, what: str
+) -> dict[str, float]:
+    """Run a maintainer of ``log`` until ``condition()`` holds (30 s at most), stop it,
+    and return its metrics."""
+    maintainer = auto.Maintainer(log, interval_ms)
+    maintainer.start()
+    try:
+        _wait_for(condition, 30, what)
+    finally:
+        maintainer.stop()
+    return maintainer.metrics()
+
+
 @pytest.mark.parametrize("kind", sorted(LOGS))
 def test_two_writer_processes_one_maintainer_and_sigkill_hands_over(
     tmp_path: Path, kind: str
@@ -321,13 +335,9 @@ def test_a_log_behind_catches_up_and_collects_garbage_mid_round(
         monkeypatch.setattr(log, "apply_retention", slow_retention)
         monkeypatch.setattr(log, "collect_garbage", gc)
         # A 2 s interval, so a 500 ms budget: ten streams of 250 ms take several passes.
-        maintainer = auto.Maintainer(log, 2000)
-        maintainer.start()
-        try:
-            _wait_for(lambda: sum(name == "gc" for _, name in steps) >= 5, 30, "five passes")
-        finally:
-            maintainer.stop()
-        metrics = maintainer.metrics()
+        metrics = _maintain_until(
+            log, 2000, lambda: sum(name == "gc" for _, name in steps) >= 5, "five passes"
+        )
     # Every pass collects first, then runs streams until its budget is used.
     passes: list[tuple[float, list[tuple[float, str]]]] = []
     for at, name in steps:
@@ -370,13 +380,7 @@ def test_a_budget_used_up_before_the_first_stream_still_runs_it(
 
         monkeypatch.setattr(log, "streams", slow_streams)
         monkeypatch.setattr(log, "apply_retention", retention)
-        maintainer = auto.Maintainer(log, 100)
-        maintainer.start()
-        try:
-            _wait_for(lambda: len(ran) >= 6, 30, "six streams maintained")
-        finally:
-            maintainer.stop()
-        metrics = maintainer.metrics()
+        metrics = _maintain_until(log, 100, lambda: len(ran) >= 6, "six streams maintained")
     assert ran[:6] == ["s-0", "s-1", "s-2"] * 2
     assert metrics["maintenance_behind_passes"] >= 2
 
@@ -401,13 +405,7 @@ def test_garbage_collection_reconciles_at_most_every_few_minutes(
             return MaintenanceReport("gc")
 
         monkeypatch.setattr(log, "collect_garbage", gc)
-        maintainer = auto.Maintainer(log, 20)
-        maintainer.start()
-        try:
-            _wait_for(lambda: len(calls) >= 5, 30, "five collections")
-        finally:
-            maintainer.stop()
-        metrics = maintainer.metrics()
+        metrics = _maintain_until(log, 20, lambda: len(calls) >= 5, "five collections")
     assert calls[:5] == [True, True, False, True, True], calls
     assert metrics["maintenance_gc_errors"] == 1
 
