@@ -476,6 +476,7 @@ class ObjectLog(AbstractLog):
         result.setdefault("puts", 0)
         result.setdefault("gets", 0)
         result.setdefault("commits", 0)
+        result.update(self.sequencer.metrics())
         result.update(self.maintenance_metrics())
         return dict(sorted(result.items()))
 

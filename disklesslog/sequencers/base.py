@@ -416,6 +416,14 @@ class Sequencer(ABC):
         any process at any time."""
         return []
 
+    # ------------------------------------------------------------------ metrics
+
+    def metrics(self) -> dict[str, float]:
+        """Counters of what this instance's commits cost since it was opened, named
+        ``sequencer_*`` (an object log's :meth:`~disklesslog.Log.metrics` includes
+        them); none by default. The object-store sequencer reports its races here."""
+        return {}
+
     # ------------------------------------------------------------------ closing
 
     def close(self) -> None:  # noqa: B027 - optional hook, most have nothing to release

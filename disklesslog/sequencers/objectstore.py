@@ -50,7 +50,6 @@ import contextlib
 import dataclasses
 import gc
 import logging
-import random
 import secrets
 import threading
 import time
@@ -110,6 +109,7 @@ from .objectstore_format import (
     entry_body,
     verify_checkpoint,
 )
+from .objectstore_pacing import Pacing
 from .objectstore_storage import CheckpointName, SequencerStorage
 
 __all__ = ["ObjectStoreSequencer", "open_objectstore_sequencer"]
@@ -228,6 +228,7 @@ class ObjectStoreSequencer(Sequencer):
         self._queue: list[_Slot] = []
         self._queue_cond = threading.Condition()
         self._leading = False
+        self._pacing = Pacing()
         self._last_cleanup = -float("inf")
         self._cleaner: threading.Thread | None = None  # deleting superseded entries
         self._cleaner_lock = threading.Lock()  # starting and joining it
@@ -427,6 +428,15 @@ class ObjectStoreSequencer(Sequencer):
         with self._reading() as state:
             return state.lease_floor()
 
+    def metrics(self) -> dict[str, float]:
+        """Entries this process wrote, races it lost, writes given up
+        (:class:`SequencerConflict`), commits and the seconds they waited in total,
+        seconds spent yielding to other writers, operations queued now (the backlog),
+        and the moving averages of PUT and GET latency (:mod:`.objectstore_pacing`)."""
+        with self._queue_cond:
+            backlog = len(self._queue)
+        return self._pacing.metrics(backlog)
+
     def close(self) -> None:
         """Close; a clean-up in progress stops after the object it is deleting (the next
         one, in any process, finishes it)."""
@@ -444,6 +454,7 @@ class ObjectStoreSequencer(Sequencer):
         waiter that finds nobody writing becomes the leader and writes every queued
         operation as one entry."""
         self._check_open()
+        queued = time.monotonic()
         slots = [_Slot(op) for op in ops]
         with self._queue_cond:
             self._queue.extend(slots)
@@ -452,6 +463,7 @@ class ObjectStoreSequencer(Sequencer):
                 while self._leading and not all(s.done for s in slots):
                     self._queue_cond.wait()
                 if all(s.done for s in slots):
+                    self._pacing.committed(time.monotonic() - queued)
                     return slots
                 self._leading = True
                 group = self._queue[:MAX_OPS_PER_ENTRY]
@@ -469,20 +481,46 @@ class ObjectStoreSequencer(Sequencer):
                     self._queue_cond.notify_all()
             if checkpoint is not None:
                 self._write_checkpoint(*checkpoint)
+            warning = self._pacing.saturation(self._replica.tail)
+            if warning is not None:
+                log.warning("%s: %s", self.url, warning)
+
+    def _take_queued(self, group: list[_Slot]) -> None:
+        """Add to ``group`` (in place) what was queued since it was taken, up to
+        :data:`MAX_OPS_PER_ENTRY`: an entry carries everything its process has waiting
+        when it tries for a number, so a process that wins seldom still commits all."""
+        with self._queue_cond:
+            room = MAX_OPS_PER_ENTRY - len(group)
+            if room > 0 and self._queue:
+                group.extend(self._queue[:room])
+                del self._queue[:room]
 
     def _write(self, group: list[_Slot]) -> tuple[int, dict[str, Any], list[bytes], bytes] | None:
         """Write ``group`` as one entry at the next free number and apply it. Returns
         ``(entry, snapshot, recent entry ids, chain digest)`` when this entry is due a
-        checkpoint. The body is packed once; each number tried gets its own header (the
-        number and the chain digest of the entries before it)."""
-        entry_id = secrets.token_bytes(16)
-        body = entry_body(entry_id, float(self._clock()), [s.op for s in group])
-        # Checked as every replica will check it, so it applies the same here as there.
-        decoded = decode_body(body, CHAIN_START, "a new entry")
-        with self._lock:
-            self._awaiting[entry_id] = group
+        checkpoint. Before each try the process paces itself (:mod:`.objectstore_pacing`)
+        and takes in what was queued meanwhile; the body is packed again only when that
+        added something, and each number tried gets its own header (the number and the
+        chain digest of the entries before it). After a lost race the entry it was lost
+        to (ours, if the response was lost) and the next are read in one round trip."""
+        ids: list[bytes] = []  # one per packing, each recognised when applied
+        body, decoded, packed = b"", None, 0
         try:
-            for attempt in range(self._max_attempts):
+            for _ in range(self._max_attempts):
+                pause = self._pacing.pause_before_try()
+                if pause > 0:
+                    time.sleep(pause)
+                    self._pacing.record_yield(pause)
+                self._take_queued(group)
+                if len(group) != packed or decoded is None:
+                    entry_id = secrets.token_bytes(16)
+                    body = entry_body(entry_id, float(self._clock()), [s.op for s in group])
+                    # Checked as every replica will check it: it applies the same here.
+                    decoded = decode_body(body, CHAIN_START, "a new entry")
+                    packed = len(group)
+                    ids.append(entry_id)
+                    with self._lock:
+                        self._awaiting[entry_id] = list(group)
                 if time.monotonic() - self._confirmed > self._fresh_window:
                     self._catch_up()
                 with self._lock:
@@ -490,27 +528,34 @@ class ObjectStoreSequencer(Sequencer):
                 data = encode_entry(number, previous, body)
                 started = time.monotonic()
                 created = self._storage.create(self._storage.entry_path(number), data)
+                self._pacing.observe_put(time.monotonic() - started)
                 with self._lock:
                     applied = created and self._replica.tail == number - 1
                     if applied:
                         self._confirmed = max(self._confirmed, started)
                         self._apply(number, dataclasses.replace(decoded, previous=previous), data)
-                if not applied:  # lost the race, or a reader applied ours: read what we missed
-                    self._catch_up()
+                if created:
+                    self._pacing.won()
+                    if not applied:  # a reader applied ours, and maybe more: catch up
+                        self._catch_up()
+                else:  # lost the race (or its response): read that entry and on
+                    self._pacing.lost()
+                    self._catch_up(window=2)
                 with self._lock:
                     if all(s.done for s in group):
                         due = created and self._checkpoint_due(number)
                         if due and self._replica.tail == number:
                             return self._checkpoint_content(number)
                         return None
-                time.sleep(random.uniform(0, min(0.05, 0.0005 * 2 ** min(attempt, 10))))
+            self._pacing.gave_up()
             raise SequencerConflict(
                 f"{self.url}: lost the race for the next sequencer entry "
                 f"{self._max_attempts} times to other writers; nothing was applied"
             )
         finally:
             with self._lock:
-                self._awaiting.pop(entry_id, None)
+                for entry_id in ids:
+                    self._awaiting.pop(entry_id, None)
 
     def _checkpoint_content(
         self, number: int
@@ -541,26 +586,33 @@ class ObjectStoreSequencer(Sequencer):
 
     # -------------------------------------------------------------- replaying
 
-    def _catch_up(self, asked: float | None = None) -> None:
+    def _catch_up(self, asked: float | None = None, *, window: int = 1) -> None:
         """Apply every entry after the tail; if the tail was not confirmed recently,
         first load a newer checkpoint if there is one. One thread fetches at a time, and
         a caller that ``asked`` at a monotonic time is content with any catch-up that
         began after it. Entries are fetched and checked without the state lock and
         applied with it, skipping those a writer of this process applied meanwhile. A
-        damaged entry stops the batch before it (:meth:`_pass_damage`)."""
+        damaged entry stops the batch before it (:meth:`_pass_damage`).
+
+        ``window``: entries asked for in the first request (one round trip however
+        many). A writer that lost a race asks for two, the one it lost to and the next:
+        at the tail (the usual case) that tells it is current in one round trip instead
+        of two, and a writer far behind fetches more at a time from there."""
         with self._fetch_lock:
             if asked is not None and self._confirmed >= asked:
                 return
             started = time.monotonic()
             if started - self._confirmed > self._fresh_window:
                 self._load_checkpoint(self._storage.checkpoints(), self._replica.tail + 1)
-            window = 1
             while True:
                 number = self._replica.tail + 1
                 checked: list[tuple[int, Entry, bytes]] = []
                 missing: int | None = None
                 stop: tuple[int, DisklessLogError] | None = None
-                for at, data in enumerate(self._storage.get_entries(number, window), number):
+                fetching = time.monotonic()
+                fetched = self._storage.get_entries(number, window)
+                self._pacing.observe_get(time.monotonic() - fetching)
+                for at, data in enumerate(fetched, number):
                     if data is None:
                         missing = at
                         break

@@ -27,10 +27,15 @@ conditional create ``pipe_file(mode="create")`` that
 :func:`disklesslog.storage.conditional.put_if_absent` sends; done atomically on the
 target), ``list`` (``ls``, ``find``, ``info``, ``exists``) and ``delete`` (``rm_file``,
 ``rm``). ``match`` (a regular expression searched in the path) narrows faults to some
-paths. The exceptions raised are the ones clients raise: :class:`ConnectionError`,
-:class:`TimeoutError`, :class:`OSError` with ``EIO``, and, with ``client_errors=True``,
-:class:`InjectedClientError`, which like botocore's ``ClientError`` or gcsfs's
-``HttpError`` is *not* an :class:`OSError`. Nothing injected is a
+paths. ``latency`` (seconds per operation group, e.g. ``{"write": 0.02, "create":
+0.02, "read": 0.01, "list": 0.01}``, what S3 charges) makes every such call wait that
+long before it is forwarded, whatever ``operations`` and ``match`` say: it is how the
+suite and ``benchmarks/contention.py`` give several processes sharing ``file://`` the
+round trips of a real bucket. The exceptions raised are the ones clients raise:
+:class:`ConnectionError`, :class:`TimeoutError`, :class:`OSError` with ``EIO``, and,
+with ``client_errors=True``, :class:`InjectedClientError`, which like botocore's
+``ClientError`` or gcsfs's ``HttpError`` is *not* an :class:`OSError`. Nothing
+injected is a
 :class:`FileNotFoundError` or :class:`FileExistsError`: those are answers, not faults.
 
 Settings travel as plain storage options, so a log opened in another process with the
@@ -125,6 +130,7 @@ class FaultyFileSystem(AbstractFileSystem):  # type: ignore[misc]
         operations: tuple[str, ...] | list[str] = OPERATIONS,
         match: str | None = None,
         client_errors: bool = True,
+        latency: Mapping[str, float] | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -143,6 +149,18 @@ class FaultyFileSystem(AbstractFileSystem):  # type: ignore[misc]
         unknown = set(operations) - set(OPERATIONS)
         if unknown:
             raise ValueError(f"unknown operations {sorted(unknown)}; known: {OPERATIONS}")
+        delays = dict(latency or {})
+        unknown = set(delays) - set(OPERATIONS)
+        if unknown:
+            raise ValueError(
+                f"latency for unknown operations {sorted(unknown)}; known: {OPERATIONS}"
+            )
+        for name, seconds in delays.items():
+            if isinstance(seconds, bool) or not isinstance(seconds, (int, float)):
+                raise ValueError(f"latency of {name} must be seconds, not {seconds!r}")
+            if not 0 <= seconds <= 60:
+                raise ValueError(f"latency of {name} must be 0..60 seconds, not {seconds!r}")
+        self.latency = {name: float(seconds) for name, seconds in delays.items()}
         self.target = fsspec.filesystem(target_protocol, **dict(target_options or {}))
         self.rates = rates
         self.timeout_seconds = float(timeout_seconds)
@@ -168,7 +186,8 @@ class FaultyFileSystem(AbstractFileSystem):  # type: ignore[misc]
 
     @contextlib.contextmanager
     def paused(self) -> Iterator[None]:
-        """No faults inside the block (for set-up and for checking outcomes)."""
+        """No faults and no latency inside the block (for set-up and for checking
+        outcomes)."""
         enabled, self.enabled = self.enabled, False
         try:
             yield
@@ -227,8 +246,18 @@ class FaultyFileSystem(AbstractFileSystem):  # type: ignore[misc]
         with self._lock:
             return self._rng.random() < 0.5
 
-    def _call(self, operation: str, path: Any, call: Any) -> Any:
-        """Run ``call()`` (the forwarded request) with the fault drawn for it."""
+    def _wait(self, operation: str) -> None:
+        """The latency of one request of ``operation`` (none while paused)."""
+        delay = self.latency.get(operation)
+        if delay and self.enabled:
+            time.sleep(delay)
+
+    def _call(self, operation: str, path: Any, call: Any, *, wait: bool = True) -> Any:
+        """Run ``call()`` (the forwarded request) after its latency (unless ``wait`` is
+        false: the caller waited once for requests sent together), with the fault drawn
+        for it."""
+        if wait:
+            self._wait(operation)
         fault = self._draw(operation, path)
         if fault is None:
             return call()
@@ -262,21 +291,33 @@ class FaultyFileSystem(AbstractFileSystem):  # type: ignore[misc]
     # ------------------------------------------------------------------ reads
 
     def cat_file(
-        self, path: str, start: int | None = None, end: int | None = None, **kw: Any
+        self,
+        path: str,
+        start: int | None = None,
+        end: int | None = None,
+        *,
+        _wait: bool = True,
+        **kw: Any,
     ) -> Any:
         path = self._strip_protocol(path)
-        return self._call("read", path, lambda: self.target.cat_file(path, start, end, **kw))
+        return self._call(
+            "read", path, lambda: self.target.cat_file(path, start=start, end=end, **kw), wait=_wait
+        )
 
     def cat(
         self, path: Any, recursive: bool = False, on_error: str = "raise", **kwargs: Any
     ) -> Any:
+        """One GET per path; their latency is paid once, as s3fs, gcsfs and adlfs send
+        the requests of one call concurrently."""
         if not isinstance(path, list) and not recursive:
             return self.cat_file(path, **kwargs)
         paths = path if isinstance(path, list) else self.find(path)
         out: dict[str, Any] = {}
+        if paths:
+            self._wait("read")
         for one in paths:
             try:
-                out[one] = self.cat_file(one, **kwargs)
+                out[one] = self.cat_file(one, _wait=False, **kwargs)
             except Exception as exc:
                 if on_error == "raise":
                     raise

@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 import uuid
 from pathlib import Path
 from typing import Any
 
 import fsspec
 import pytest
+from fsspec.implementations.memory import MemoryFileSystem
 
 from disklesslog.storage.conditional import put_if_absent
 from disklesslog.testing.faults import FaultyFileSystem, InjectedClientError
@@ -188,3 +190,61 @@ def test_other_processes_get_the_faults_from_the_options(tmp_path: Path) -> None
     ).stdout.split()
     assert out[1] == "1"
     assert not (tmp_path / "x").exists()
+
+
+def test_latency_delays_each_request_of_its_group() -> None:
+    fs = _fs(latency={"read": 0.03, "create": 0.02})
+    path = _path()
+    started = time.monotonic()
+    fs.pipe_file(path, b"hello")  # a write: no latency given for it
+    assert time.monotonic() - started < 0.02
+    started = time.monotonic()
+    assert fs.cat_file(path) == b"hello"
+    assert time.monotonic() - started >= 0.03
+    started = time.monotonic()
+    assert not put_if_absent(fs, path, b"other")  # the create waits, then loses
+    assert time.monotonic() - started >= 0.02
+    with fs.paused():  # set-up and checks go at full speed
+        started = time.monotonic()
+        assert fs.cat_file(path) == b"hello"
+        assert time.monotonic() - started < 0.03
+
+
+def test_latency_of_one_cat_call_is_paid_once() -> None:
+    """s3fs, gcsfs and adlfs send the GETs of one ``cat`` call concurrently."""
+    fs = _fs(latency={"read": 0.05})
+    paths = [f"{_path()}-{i}" for i in range(6)]
+    for path in paths:
+        fs.pipe_file(path, path.encode())
+    started = time.monotonic()
+    got = fs.cat(paths)
+    took = time.monotonic() - started
+    assert got == {path: path.encode() for path in paths}
+    assert 0.05 <= took < 0.05 * 3
+
+
+def test_latency_is_checked() -> None:
+    for bad in ({"reads": 0.01}, {"read": -1}, {"read": 61}, {"read": "1"}, {"read": True}):
+        with pytest.raises(ValueError, match="latency"):
+            _fs(latency=bad)
+
+
+def test_ranges_reach_clients_whose_cat_file_takes_more_positional_arguments() -> None:
+    """s3fs's ``cat_file(path, version_id=None, start=None, end=None)``: a range passed on
+    by position would be read as a version id and a start."""
+
+    class Versioned(MemoryFileSystem):  # type: ignore[misc]
+        protocol = ("versioned-memory",)
+
+        def cat_file(
+            self, path: str, version_id: Any = None, start: Any = None, end: Any = None, **kw: Any
+        ) -> Any:
+            assert version_id is None
+            return super().cat_file(path, start=start, end=end, **kw)
+
+    fsspec.register_implementation("versioned-memory", Versioned, clobber=True)
+    fs = _fs(target_protocol="versioned-memory")
+    path = _path()
+    fs.pipe_file(path, b"hello")
+    assert fs.cat_file(path, start=1, end=3) == b"el"
+    assert fs.cat_file(path, 1, 3) == b"el"

@@ -819,3 +819,81 @@ def test_a_checkpoint_leaves_the_garbage_collector_as_it_found_it(local_root: st
             seq.close()
         finally:
             gc.enable()
+
+
+# ------------------------------------------------------------- contention
+
+
+def _lose_first_try(
+    seq: ObjectStoreSequencer, other: ObjectStoreSequencer, queue: int
+) -> list[threading.Thread]:
+    """Make ``seq``'s next try lose: another replica takes the number first, and
+    ``queue`` more commits of ``seq``'s own threads (returned, started then) are queued
+    behind the leader before it learns it lost."""
+    real = seq._storage.create
+    calls = 0
+    threads: list[threading.Thread] = []
+
+    def create(path: str, data: bytes) -> bool:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            other.create_stream(f"other-{uuid.uuid4().hex[:6]}", {})
+            for _ in range(queue):
+                thread = threading.Thread(
+                    target=seq.commit, args=(f"o-{uuid.uuid4().hex}", [batch("s")])
+                )
+                thread.start()
+                threads.append(thread)
+            deadline = time.monotonic() + 10
+            while len(seq._queue) < queue:
+                assert time.monotonic() < deadline
+                time.sleep(0.001)
+        return real(path, data)
+
+    seq._storage.create = create  # type: ignore[method-assign]
+    return threads
+
+
+def test_a_writer_that_lost_a_race_takes_in_what_queued_meanwhile(local_root: str) -> None:
+    """After a lost race the next try carries the operations queued meanwhile: one
+    entry for all of them, not one each after the race is won."""
+    seq = open_local(local_root)
+    seq.create_stream("s", {})
+    other = open_local(local_root)
+    before = seq.tail
+    threads = _lose_first_try(seq, other, queue=5)
+    first = seq.commit("o-first", [batch("s")])[0].base_offset
+    for thread in threads:
+        thread.join(timeout=10)
+    assert first == 0
+    assert seq.stream_info("s").end_offset == 6
+    assert seq.tail == before + 2  # the other replica's entry, then one with all six
+    metrics = seq.metrics()
+    assert metrics["sequencer_races_lost"] == 1
+    assert metrics["sequencer_entries_written"] == 2  # the stream's, then the six
+    assert metrics["sequencer_commits"] == 7
+    assert metrics["sequencer_backlog"] == 0
+    assert open_local(local_root).stream_info("s").end_offset == 6
+
+
+def test_a_saturated_sequencer_says_so(
+    local_root: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from disklesslog.sequencers.objectstore_pacing import Pacing
+
+    monkeypatch.setattr(Pacing, "saturation", lambda self, tail: f"saturated at {tail}")
+    seq = open_local(local_root)
+    with caplog.at_level("WARNING", logger="disklesslog.sequencers.objectstore"):
+        seq.create_stream("s", {})
+    assert [r.getMessage() for r in caplog.records] == [f"{seq.url}: saturated at {seq.tail}"]
+
+
+def test_an_object_log_reports_its_sequencers_races(tmp_path: Path) -> None:
+    url = f"file://{tmp_path}/log"
+    with disklesslog.open(url, backend="objects", sequencer="objectstore://") as log:
+        log.stream("s").append(b"x")
+        metrics = log.metrics()
+    assert metrics["sequencer_entries_written"] >= 2  # the stream, then the record
+    assert metrics["sequencer_races_lost"] == 0
+    assert "sequencer_backlog" in metrics
