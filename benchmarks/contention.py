@@ -21,14 +21,16 @@ sequencer entries written per second.
 
 ``--sequencer``: ``objectstore`` (the bucket sequencer, inside the log: the default for
 ``s3://``, ``gs://`` and ``az://`` logs), ``sqlite`` (one machine's database file, no
-latency injected: it is not on the bucket) or ``postgres`` (``--postgres-url``, a fresh
-schema per run). Every process starts appending at the same moment, after all of them
-opened the log.
+latency injected: it is not on the bucket) or ``postgres`` (``--postgres-url``, else a
+local server started for the run; a fresh schema per configuration, no latency
+injected either). Every process starts appending at the same moment, after all of
+them opened the log.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -201,6 +203,7 @@ def run_once(args: argparse.Namespace, work: Path, processes: int, linger_ms: fl
         "offered_per_s": offered,
         "accepted_per_s": sum(throughputs),
         "acked": acked,
+        "offered": sum(r["offered"] for r in results),
         "errors": sum(r["errors"] for r in results),
         "fairness": min(throughputs) / max(throughputs),
         "worst_p99_ms": max(r["p99_ms"] for r in results),
@@ -211,6 +214,7 @@ def run_once(args: argparse.Namespace, work: Path, processes: int, linger_ms: fl
     }
     print(
         f"{args.sequencer:>11} {processes} processes, linger {linger_ms:>3.0f} ms: "
+        f"acked {acked:,} of {row['offered']:,}, "
         f"accepted {row['accepted_per_s']:,.0f}/s of {offered:,.0f}/s offered, "
         f"p50 {row['worst_p50_ms']:,.0f} ms, worst p99 {row['worst_p99_ms']:,.0f} ms, "
         f"max {row['worst_max_ms']:,.0f} ms, slowest/fastest {row['fairness']:.2f}, "
@@ -252,8 +256,12 @@ def main() -> None:
     parser.add_argument("--dir", help="parent of the scratch directory (default: $TMPDIR)")
     args = parser.parse_args()
     rows = []
-    with Scratch(args.dir) as scratch:
-        work = scratch.path
+    with contextlib.ExitStack() as stack:
+        if args.sequencer == "postgres" and not args.postgres_url:
+            from disklesslog.testing.servers.postgres import postgres_server
+
+            args.postgres_url = stack.enter_context(postgres_server())
+        work = stack.enter_context(Scratch(args.dir)).path
         info = machine_info(work)
         for linger in (float(x) for x in args.linger_ms.split(",")):
             for processes in (int(x) for x in args.processes.split(",")):
