@@ -16,7 +16,8 @@ Consequences worth knowing:
 * Operations are judged when applied, not before they are written. A fenced or out of
   order commit still takes an entry number, and every replica rejects it the same way.
 * Losing the race for a number means: read the entries you missed, apply them, try the
-  next number (bounded, with jitter; then :class:`~disklesslog.SequencerConflict`). A
+  next number (paced so that processes take turns, :mod:`.objectstore_pacing`; bounded,
+  then :class:`~disklesslog.SequencerConflict`). A
   write whose response was lost is recognised by its random entry id when read back,
   so it is never applied twice, and an entry id seen recently is ignored if it turns
   up again under another number.
