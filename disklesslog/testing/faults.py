@@ -172,6 +172,7 @@ class FaultyFileSystem(AbstractFileSystem):  # type: ignore[misc]
         self._lock = threading.Lock()
         self._calls: Counter[str] = Counter()
         self._injected: Counter[tuple[str, str]] = Counter()
+        self._batch = threading.local()  # .waited: inside a cat() that paid the latency
 
     # --------------------------------------------------------------- control
 
@@ -252,11 +253,11 @@ class FaultyFileSystem(AbstractFileSystem):  # type: ignore[misc]
         if delay and self.enabled:
             time.sleep(delay)
 
-    def _call(self, operation: str, path: Any, call: Any, *, wait: bool = True) -> Any:
-        """Run ``call()`` (the forwarded request) after its latency (unless ``wait`` is
-        false: the caller waited once for requests sent together), with the fault drawn
+    def _call(self, operation: str, path: Any, call: Any) -> Any:
+        """Run ``call()`` (the forwarded request) after its latency (unless this thread is
+        inside a call that waited once for requests sent together), with the fault drawn
         for it."""
-        if wait:
+        if not getattr(self._batch, "waited", False):
             self._wait(operation)
         fault = self._draw(operation, path)
         if fault is None:
@@ -291,17 +292,11 @@ class FaultyFileSystem(AbstractFileSystem):  # type: ignore[misc]
     # ------------------------------------------------------------------ reads
 
     def cat_file(
-        self,
-        path: str,
-        start: int | None = None,
-        end: int | None = None,
-        *,
-        _wait: bool = True,
-        **kw: Any,
+        self, path: str, start: int | None = None, end: int | None = None, **kw: Any
     ) -> Any:
         path = self._strip_protocol(path)
         return self._call(
-            "read", path, lambda: self.target.cat_file(path, start=start, end=end, **kw), wait=_wait
+            "read", path, lambda: self.target.cat_file(path, start=start, end=end, **kw)
         )
 
     def cat(
@@ -315,14 +310,18 @@ class FaultyFileSystem(AbstractFileSystem):  # type: ignore[misc]
         out: dict[str, Any] = {}
         if paths:
             self._wait("read")
-        for one in paths:
-            try:
-                out[one] = self.cat_file(one, _wait=False, **kwargs)
-            except Exception as exc:
-                if on_error == "raise":
-                    raise
-                if on_error == "return":
-                    out[one] = exc
+        self._batch.waited = True
+        try:
+            for one in paths:
+                try:
+                    out[one] = self.cat_file(one, **kwargs)
+                except Exception as exc:
+                    if on_error == "raise":
+                        raise
+                    if on_error == "return":
+                        out[one] = exc
+        finally:
+            self._batch.waited = False
         return out
 
     # ----------------------------------------------------------------- writes
