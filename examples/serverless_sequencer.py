@@ -5,7 +5,8 @@ of small entry objects that each writer creates with a conditional PUT
 (``If-None-Match: *``) in the bucket itself. To run without a cloud, this example puts
 the log on ``file://`` and asks for the same sequencer with ``sequencer="objectstore://"``
 (a temporary file hard-linked into place stands in for the conditional PUT). Each
-process keeps its own replica of the sequencer, as separate machines would.
+process keeps its own replica of the sequencer, as separate machines would, and
+reports how many entries it won and how many races it lost to the others.
 
 It then restarts a named producer elsewhere, which fences the first instance: the
 zombie's next flush fails with ``ProducerFenced`` and its records never appear.
@@ -31,11 +32,20 @@ def open_log(url: str) -> disklesslog.Log:
 
 
 def write(url: str, number: int) -> None:
-    with open_log(url) as log, log.writer(linger_ms=10) as writer:
-        for n in range(EVENTS):
-            if n % 100 == 0:
-                time.sleep(0.005)  # readings arrive over time: many flushes, many commits
-            writer.append(f"sensor-{n % 4}", b"writer %d reading %d" % (number, n))
+    with open_log(url) as log:
+        with log.writer(linger_ms=10) as writer:
+            for n in range(EVENTS):
+                if n % 100 == 0:
+                    time.sleep(0.005)  # readings arrive over time: many flushes, many commits
+                writer.append(f"sensor-{n % 4}", b"writer %d reading %d" % (number, n))
+        # The processes race for entry numbers and take turns (docs/sequencers.md,
+        # "Contention and capacity"); the counters say how it went for this one.
+        metrics = log.metrics()
+        print(
+            f"writer {number}: won {metrics['sequencer_entries_written']:.0f} sequencer "
+            f"entries, lost {metrics['sequencer_races_lost']:.0f} races, its commits waited "
+            f"{metrics['sequencer_commit_wait_seconds']:.2f} s in all"
+        )
 
 
 def take_over(url: str) -> None:
