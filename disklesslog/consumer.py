@@ -8,8 +8,10 @@ reads with :meth:`Stream.read_batches` and stores its positions with
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
+import weakref
 from collections import deque
 from collections.abc import Iterable, Iterator
 from itertools import repeat
@@ -17,7 +19,8 @@ from types import TracebackType
 from typing import TYPE_CHECKING
 
 from .api import check_seconds
-from .errors import ConfigError, LogClosedError, OffsetOutOfRange, StreamNotFound
+from .errors import ConfigError, ForkedError, LogClosedError, OffsetOutOfRange, StreamNotFound
+from .forks import reset_after_fork
 from .records import Record, RecordBatch
 
 if TYPE_CHECKING:
@@ -125,10 +128,12 @@ class Consumer:
         self._lock = threading.Lock()
         self._closing = threading.Event()
         self._closed = False
+        self._forked_from: int | None = None  # in a fork child: the parent's pid
         self._auto_commit_s = None if auto_commit is None else auto_commit / 1000.0
         self._next_auto_commit = (
             float("inf") if auto_commit is None else time.monotonic() + auto_commit / 1000.0
         )
+        _LIVE.add(self)
 
     # ---------------------------------------------------------------- facts
 
@@ -317,8 +322,26 @@ class Consumer:
     # ------------------------------------------------------------ internals
 
     def _check_open(self) -> None:
+        if self._forked_from is not None:
+            raise ForkedError(
+                f"this consumer of group {self._group!r} was made by process "
+                f"{self._forked_from} before it forked; make a consumer in this process"
+            )
         if self._closed:
             raise LogClosedError(f"consumer of group {self._group!r} is closed")
+
+    def _forked(self) -> None:
+        """In a fork child (:mod:`disklesslog.forks`): the consumer is the parent's. Two
+        processes handing out the same records from one position, and committing it,
+        would each process what the other does: here it is closed without committing,
+        and every call raises :class:`ForkedError`."""
+        self._forked_from = os.getppid()
+        self._lock = threading.Lock()
+        self._closing = threading.Event()
+        self._closing.set()
+        self._closed = True
+        self._pending.clear()
+        self._tails.clear()
 
     def _initial_position(self, name: str, committed: int | None) -> int:
         handle = self._handles[name]
@@ -487,3 +510,6 @@ class Consumer:
 def _optional_seconds(value: object, what: str, **rule: bool) -> float | None:
     """``None``, or ``value`` checked by :func:`~disklesslog.api.check_seconds`."""
     return None if value is None else check_seconds(value, what, **rule)
+
+
+_LIVE: weakref.WeakSet[Consumer] = reset_after_fork(lambda consumer: consumer._forked())

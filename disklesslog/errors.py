@@ -13,6 +13,7 @@ __all__ = [
     "CorruptDataError",
     "DataLossError",
     "DisklessLogError",
+    "ForkedError",
     "IncompleteBatchError",
     "InvalidRecordError",
     "InvalidStreamName",
@@ -140,6 +141,14 @@ class IncompleteBatchError(CorruptDataError):
 
 class LogClosedError(DisklessLogError):
     """The log, stream or writer was used after ``close()``."""
+
+
+class ForkedError(LogClosedError):
+    """A writer or consumer made before ``fork()`` was used in the child process. Its
+    buffered records, positions and thread are the parent's: the parent writes what
+    was appended before the fork, and the child cannot tell what became of it (those
+    futures hold this error in the child). Make a new one in the child; a log and its
+    streams opened before the fork may be used there."""
 
 
 class DataLossError(CorruptDataError):

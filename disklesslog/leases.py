@@ -36,13 +36,13 @@ the new record).
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
 from .errors import ConfigError, CorruptDataError, LeaseLost
+from .forks import fork_safe_lock
 from .names import validate_lease_name
 
 __all__ = [
@@ -241,7 +241,7 @@ class LeaseKeeper:
     def __init__(self, store: LeaseStore, clock: Callable[[], float] = time.monotonic) -> None:
         self._store = store
         self._clock = clock
-        self._lock = threading.Lock()
+        self._lock = fork_safe_lock()
         # name -> (holder, token, serial) of the record last seen, and when first seen
         self._seen: dict[str, tuple[tuple[str | None, int, int], float]] = {}
 

@@ -8,8 +8,9 @@ recent samples of each kind for percentiles.
 
 from __future__ import annotations
 
-import threading
 from collections import deque
+
+from .forks import fork_safe_lock
 
 __all__ = ["Metrics"]
 
@@ -21,7 +22,7 @@ class Metrics:
     """Thread-safe counters (``add``) and latency samples (``observe``)."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
+        self._lock = fork_safe_lock()
         self._counters: dict[str, int] = {}
         self._latencies: dict[str, deque[float]] = {}
 

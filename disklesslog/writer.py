@@ -14,8 +14,10 @@ Backends that number their batches (idempotent producers) supply
 from __future__ import annotations
 
 import collections
+import os
 import threading
 import time
+import weakref
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Sequence
 from concurrent.futures import Future
@@ -28,7 +30,8 @@ from types import TracebackType
 from typing import Any
 
 from .config import StreamConfig, require_keys
-from .errors import ConfigError, DisklessLogError, LogClosedError
+from .errors import ConfigError, DisklessLogError, ForkedError, LogClosedError
+from .forks import reset_after_fork
 from .format import (
     HEADER_SIZE,
     EncodedBatch,
@@ -66,6 +69,10 @@ class _BatchFuture(Future[int]):
 
     def cancel(self) -> bool:
         return False
+
+    def share(self, condition: threading.Condition) -> None:
+        """Wait on ``condition`` from now on (the batch's new one, in a fork child)."""
+        self._condition = condition
 
 
 def _settle_batch(
@@ -114,6 +121,8 @@ def _plain_future(condition: threading.Condition) -> Future[int]:
 # _BatchFuture relies on Future's private attributes; if a Python release changes
 # them, use plain futures (slower, equally correct).
 _new_future = _BatchFuture if set(vars(Future())) == _FUTURE_FIELDS else _plain_future
+
+_LIVE: weakref.WeakSet[Writer] = reset_after_fork(lambda writer: writer._forked())
 
 _RECORD_OVERHEAD = 32  # msgpack framing per record, bounded generously
 _BATCH_MARGIN = HEADER_SIZE + 64
@@ -250,8 +259,10 @@ class Writer(ABC):
         self._fatal: BaseException | None = None
         """Set by a backend when no later append can succeed (a fenced producer):
         appends then raise it at once instead of waiting for a flush to fail."""
+        self._forked_from: int | None = None  # in a fork child: the parent's pid
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
+        _LIVE.add(self)
 
     @staticmethod
     def check_options(linger_ms: object, max_buffer_bytes: object) -> None:
@@ -431,19 +442,53 @@ class Writer(ABC):
     def _admit(self, stream: str, config: StreamConfig, size: int) -> StreamBuffer:
         """Wait for room (back-pressure) and account for ``size`` bytes (lock held)."""
         if self._closed:
-            raise LogClosedError("the writer is closed")
+            raise self._closed_error()
         if self._fatal is not None:
             raise self._fatal
         while self._held_bytes >= self._max_held_bytes and not self._closed:
             self._cond.wait()
         if self._closed:
-            raise LogClosedError("the writer is closed")
+            raise self._closed_error()
         buffer = self._buffers.get(stream)
         if buffer is None:
             buffer = self._buffers[stream] = StreamBuffer(config)
         self._buffered_bytes += size
         self._held_bytes += size
         return buffer
+
+    def _closed_error(self) -> LogClosedError:
+        if self._forked_from is not None:
+            return ForkedError(
+                f"this writer was made by process {self._forked_from} before it forked; "
+                "make a writer in this process (log.writer())"
+            )
+        return LogClosedError("the writer is closed")
+
+    def _forked(self) -> None:
+        """In a fork child (:mod:`disklesslog.forks`): the writer is the parent's. Its
+        thread is gone and its buffered and in-flight records are the parent's to write:
+        here it is closed, those records' futures hold :class:`ForkedError` (this
+        process cannot tell what became of them) and later appends raise it."""
+        self._forked_from = os.getppid()
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
+        parts = [part for buffer in self._buffers.values() for part in buffer.parts]
+        parts += [part for flush in self._inflight for group in flush.parts for part in group]
+        self._buffers = {}
+        self._inflight.clear()
+        self._buffered_bytes = self._held_bytes = 0
+        self._oldest = None
+        self._completed = self._accepted
+        self._closed = True
+        self._errors = []
+        error = self._closed_error()
+        for part in parts:  # a thread of the parent may have held a part's condition
+            if isinstance(part, _Loose):
+                part.condition = threading.Condition()
+                for future in part.futures:
+                    if isinstance(future, _BatchFuture):
+                        future.share(part.condition)
+        self._fail(parts, error)
 
     def _wake(self) -> None:
         """Start the linger clock on the first buffered record, or flush when full."""

@@ -31,6 +31,8 @@ ALLOWED: dict[str, str] = {
     "future._waiters": "Future internals: the wait()/as_completed() waiters to wake",
     "future._done_callbacks": "Future internals: callbacks, run after the batch settled",
     "future._invoke_callbacks": "Future internals: run them as set_result() would",
+    "lock._at_fork_reinit": "the standard library's way to free a lock in a fork child "
+    "(threading, logging and concurrent.futures use it): forks.fork_safe_lock",
     "os._exit": "a crash test's child process exits at once, running no cleanup",
     "self.fs._strip_protocol": "fsspec's path normalisation, by which find() keys its answers",
     "fs._strip_protocol": "fsspec's path normalisation, by which cat() keys its answers",

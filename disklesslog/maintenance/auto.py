@@ -63,6 +63,7 @@ from ..errors import (
     LogClosedError,
     StreamNotFound,
 )
+from ..forks import reset_after_fork
 from ..leases import MAX_DURATION_MS, Lease
 from .report import COUNTERS, MaintenanceReport
 
@@ -206,6 +207,12 @@ class MaintenanceStatus:
         return dataclasses.asdict(self)
 
 
+def _holder_name() -> str:
+    """This process's name as the maintenance lease's holder: host, pid and a random
+    part (a pid may be used again)."""
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+
 class _Stopped(Exception):
     """The log is closing: the pass ends where it is."""
 
@@ -224,7 +231,7 @@ class Maintainer:
         self.interval_ms = interval_ms
         self.budget_ms = min(MAX_BUDGET_MS, interval_ms // 4)
         self.lease_ms = min(MAX_DURATION_MS, max(MIN_LEASE_MS, LEASE_INTERVALS * interval_ms))
-        self.holder = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self.holder = _holder_name()
         self._housekeeping = housekeeping
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -246,11 +253,18 @@ class Maintainer:
         _LIVE.add(self)
 
     def _forked(self) -> None:
-        """In a forked child: no thread runs and no lease is held here."""
+        """In a forked child: no thread runs and no lease is held here, and the child is
+        a holder of its own (under the parent's name it would renew the parent's lease
+        as if it held it too, and both would maintain at once)."""
         self._lock = threading.Lock()
+        stop = threading.Event()  # the parent's thread may have held the old one's lock
+        if self._stop.is_set():
+            stop.set()
+        self._stop = stop
         self._thread = None
         self._lease = None
         self.started = False
+        self.holder = _holder_name()
 
     def start(self) -> None:
         """Start the thread (idempotent)."""
@@ -494,16 +508,7 @@ class Maintainer:
         return True
 
 
-_LIVE: weakref.WeakSet[Maintainer] = weakref.WeakSet()
-
-
-def _after_fork_in_child() -> None:
-    for maintainer in list(_LIVE):
-        maintainer._forked()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork_in_child)
+_LIVE: weakref.WeakSet[Maintainer] = reset_after_fork(lambda maintainer: maintainer._forked())
 
 
 def encode_status(status: MaintenanceStatus) -> bytes:

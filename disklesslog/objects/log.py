@@ -9,7 +9,6 @@ and one commit. There is no leader and no broker.
 from __future__ import annotations
 
 import contextlib
-import threading
 import weakref
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -29,6 +28,7 @@ from ..errors import (
     OffsetOutOfRange,
     StreamNotFound,
 )
+from ..forks import fork_safe_lock
 from ..leases import LeaseKeeper
 from ..maintenance.auto import DEFAULT_INTERVAL_MS, STATUS_FILE, check_maintenance
 from ..maintenance.report import MaintenanceReport, Progress
@@ -114,7 +114,7 @@ class ObjectLog(AbstractLog):
         self._cache = cache
         # Blocks wait for confirm() only to go to a disk tier: without one, skip the call.
         self._confirms = cache is not None and cache.cache_dir is not None
-        self._lock = threading.Lock()
+        self._lock = fork_safe_lock()
         self._configs: dict[str, StreamConfig] = {}
         self._append_writer: ObjectWriter | None = None
         self._writers: weakref.WeakSet[ObjectWriter] = weakref.WeakSet()

@@ -305,13 +305,62 @@ def write_json(
     write_durably(root, path, encode_json(content, indent=indent), sync=sync)
 
 
+# ------------------------------------------------------------------ lock files
+#
+# A flock belongs to an open file description, and a child made by fork() gets a copy
+# of every descriptor: a lock the parent releases by closing its descriptor stays held
+# by the child's copy for as long as the child lives, and the parent's next wait for it
+# (or the child's own, through a new descriptor) never ends. So the descriptors that
+# hold such locks are known here, and a child closes its copies at once. The registry's
+# lock is held across fork(), so that no descriptor is between open and registration,
+# or between deregistration and close, when the child is made.
+
+_LOCK_FDS: set[int] = set()
+_LOCK_FDS_LOCK = threading.Lock()
+
+
+def open_lock(path: Path, *, create: bool = True) -> int:
+    """A descriptor of ``path`` (created if missing, with ``create``) whose close
+    releases the ``flock`` taken through it; close it with :func:`close_lock`. A fork
+    child closes its copy (see above)."""
+    flags = os.O_RDWR | (os.O_CREAT if create else 0)
+    with _LOCK_FDS_LOCK:
+        fd = os.open(path, flags, 0o644)
+        _LOCK_FDS.add(fd)
+    return fd
+
+
+def close_lock(fd: int) -> None:
+    """Close a descriptor from :func:`open_lock`, releasing its lock."""
+    with _LOCK_FDS_LOCK:
+        _LOCK_FDS.discard(fd)
+        close_quietly(fd)
+
+
+def _close_inherited_locks() -> None:
+    """In a fork child: close the copies of the parent's lock descriptors. Closing a
+    copy never releases the parent's lock: that needs every copy closed, or an unlock."""
+    for fd in _LOCK_FDS:
+        close_quietly(fd)
+    _LOCK_FDS.clear()
+    _LOCK_FDS_LOCK.release()  # taken by this thread before the fork
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(
+        before=_LOCK_FDS_LOCK.acquire,
+        after_in_parent=_LOCK_FDS_LOCK.release,
+        after_in_child=_close_inherited_locks,
+    )
+
+
 @contextlib.contextmanager
 def flocked(lock_path: Path) -> Iterator[None]:
     """Hold an exclusive ``flock`` of ``lock_path`` (created if missing). flock conflicts
     between separate open()s, so threads of one process take turns too."""
-    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+    fd = open_lock(lock_path)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         yield
     finally:
-        close_quietly(fd)  # releases the lock
+        close_lock(fd)  # releases the lock

@@ -30,13 +30,13 @@ from __future__ import annotations
 
 import contextlib
 import os
-import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ..checksummed import decode_json
 from ..errors import CorruptDataError, InvalidStreamName
+from ..forks import fork_safe_lock
 from ..leases import LeaseKeeper, LeaseRecord, raised_floor, starts_above_floor
 from ..names import validate_lease_name
 from .layout import flocked, read_json, write_json
@@ -51,7 +51,7 @@ _READABLE = (1, 2)  # version 1: written before the index, adopted into it
 _INDEX_VERSION = 1
 
 _KEEPERS: dict[Path, LeaseKeeper] = {}
-_KEEPERS_LOCK = threading.Lock()
+_KEEPERS_LOCK = fork_safe_lock()
 
 
 def lease_keeper(root: Path) -> LeaseKeeper:

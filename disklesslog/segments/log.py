@@ -51,6 +51,7 @@ from ..errors import (
     OffsetOutOfRange,
     StreamNotFound,
 )
+from ..forks import fork_safe_lock, reset_after_fork
 from ..format import EncodedBatch, as_column, encode_batch_borrowed, encode_record
 from ..leases import LeaseKeeper
 from ..maintenance.auto import DEFAULT_INTERVAL_MS, STATUS_FILE
@@ -214,7 +215,7 @@ class SegmentLog(AbstractLog):
         self._stores: dict[str, StreamStore] = {}
         # The stores holding descriptors, least recently opened first (lock held).
         self._open: OrderedDict[StreamStore, None] = OrderedDict()
-        self._lock = threading.Lock()
+        self._lock = fork_safe_lock()
         self._metrics = Metrics()
         self._retired = [0, 0, 0]  # append counters of stores already closed
         self._writers: weakref.WeakSet[Writer] = weakref.WeakSet()
@@ -234,15 +235,12 @@ class SegmentLog(AbstractLog):
         )
         self._tiered = None if tier is None else TieredReader(tier, self._manifests)
         self._stop = threading.Event()
+        self._sync_interval = fsync_interval_ms / 1000.0
         self._syncer: threading.Thread | None = None
+        self._syncer_wanted = False  # a fork child starts its own (_start_syncer_in_child)
         if fsync == "interval":
-            self._syncer = threading.Thread(
-                target=self._sync_loop,
-                args=(fsync_interval_ms / 1000.0,),
-                name=f"disklesslog-fsync {root}",
-                daemon=True,
-            )
-            self._syncer.start()
+            self._start_syncer()
+        _LIVE.add(self)
         self._held = functools.partial(
             transactions.held_offset, transactions.pending_directory(root)
         )
@@ -843,6 +841,7 @@ class SegmentLog(AbstractLog):
             if existing is store:
                 self._open[store] = None
                 self._park_unused()
+                self._start_syncer_in_child()
         if existing is not store:
             store.close()
         return existing
@@ -860,6 +859,7 @@ class SegmentLog(AbstractLog):
                 self._open[store] = None
                 if len(self._open) > self._max_open:
                     self._park_unused(keep=store)
+                self._start_syncer_in_child()
 
     def _park_unused(self, *, keep: StreamStore | None = None) -> None:
         """Park stores until at most ``max_open_streams`` hold descriptors (lock held).
@@ -933,6 +933,37 @@ class SegmentLog(AbstractLog):
                 with self._lock:
                     store.pins -= 1
         raise StreamNotFound(f"stream {name!r} was deleted while in use")
+
+    def _start_syncer(self) -> None:
+        self._syncer = threading.Thread(
+            target=self._sync_loop,
+            args=(self._sync_interval,),
+            name=f"disklesslog-fsync {self.path}",
+            daemon=True,
+        )
+        self._syncer.start()
+
+    def _start_syncer_in_child(self) -> None:
+        """In a fork child, when a store first holds descriptors of the child's own
+        (lock held): start the fsync thread of ``fsync="interval"``, the parent's not
+        being in the child. Off the append path: every store the child inherited is
+        parked, so its first use reopens it."""
+        if self._syncer_wanted and not self._closed:
+            self._syncer_wanted = False
+            self._start_syncer()
+
+    def _forked(self) -> None:
+        """In a fork child (:mod:`disklesslog.forks`): the stores park themselves, so
+        none holds descriptors; the fsync thread is the parent's, and the child's starts
+        when a store opens (:meth:`_start_syncer_in_child`)."""
+        self._open.clear()
+        stop = threading.Event()  # its lock may have been held by the parent's thread
+        if self._stop.is_set():
+            stop.set()
+        self._stop = stop
+        if self._syncer is not None:
+            self._syncer = None
+            self._syncer_wanted = True
 
     def _sync_loop(self, interval: float) -> None:
         """The fsync-interval thread. A stream whose sync fails is retried every interval
@@ -1219,3 +1250,6 @@ def _append_record(
 ) -> int:
     batch = _encode_record(value, key, headers, timestamp, store.name, store.config)
     return store.append([batch])[0]
+
+
+_LIVE: weakref.WeakSet[SegmentLog] = reset_after_fork(lambda log: log._forked())

@@ -20,12 +20,12 @@ import functools
 import logging
 import os
 import struct
-import threading
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from pathlib import Path
 
 from ..errors import CorruptDataError, IncompleteBatchError
+from ..forks import fork_safe_lock
 from ..format import (
     HEADER_SIZE,
     PREFIX_SIZE,
@@ -180,7 +180,7 @@ class Segment:
         self.max_timestamp = NO_TIMESTAMP
         self.first_timestamp = NO_TIMESTAMP
         self.indexes_loaded = False
-        self._load_lock = threading.Lock()
+        self._load_lock = fork_safe_lock()
 
     def __repr__(self) -> str:
         return f"<Segment {self.base}..{self.end_offset} {self.size} bytes>"

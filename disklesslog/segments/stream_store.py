@@ -36,6 +36,7 @@ import logging
 import os
 import random
 import threading
+import weakref
 from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Iterator
 from dataclasses import replace
@@ -50,6 +51,7 @@ from ..errors import (
     LogClosedError,
     OffsetOutOfRange,
 )
+from ..forks import reset_after_fork
 from ..format import TAIL, EncodedBatch
 from ..metrics import Metrics
 from ..storage.atomic import fsync_directory
@@ -67,8 +69,10 @@ from .layout import (
     STATE_COPY,
     STATE_SIZE,
     StreamState,
+    close_lock,
     close_quietly,
     list_segments,
+    open_lock,
     read_state_copy,
     segment_name,
     write_state_copy,
@@ -144,6 +148,17 @@ _PENDING: dict[str, _Cut | _Unroll] = {}
 path). Kept here rather than on the store: it outlives a store that failed to make it
 (its log was closed, and closing failed too), so a log this process opens again at the
 same path makes it before anything else."""
+
+
+def _forked_process() -> None:
+    """In a fork child: what this process owed to take failed appends back is the
+    parent's debt (it pays it at its next lock; paying it here too could cut what the
+    parent wrote meanwhile, were the checks that guard a cut ever wrong)."""
+    _PENDING.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forked_process)
 
 
 class Snapshot(NamedTuple):
@@ -222,6 +237,7 @@ class StreamStore:
             self._close_fds()
             raise
         self._repair = None  # allowed once, for the recovery it was given to
+        _LIVE.add(self)
 
     # --------------------------------------------------------------- helpers
 
@@ -282,6 +298,32 @@ class StreamStore:
             return True
         finally:
             self._mutex.release()
+
+    def _forked(self) -> None:
+        """In a fork child (:mod:`disklesslog.forks`): the descriptors are copies of the
+        parent's, and one open file description holds one ``flock`` for both processes,
+        so through them the child would append while the parent holds the stream lock
+        (both writing at the same offset). The copies are closed (which releases
+        nothing of the parent's) and the store parked: its next use opens descriptors
+        of the child's own. A thread of the parent may have been changing the view when
+        the fork came, so the view is rebuilt from the files under the lock first, as
+        after a failure of this process's own."""
+        self._mutex = threading.RLock()
+        self._lock_held = False
+        self.pins = 0
+        if self._closed or self._parked:
+            return
+        if self._state_id is None:
+            try:
+                self._state_id = _identity(os.fstat(self._lock_fd))
+            except OSError:
+                self._state_id = (0, 0, 0)  # reopening then finds the stream gone
+        for fd in (self._active_fd, self._lock_fd):
+            if fd >= 0:
+                close_quietly(fd)
+        self._active_fd = self._lock_fd = -1
+        self._parked = True
+        self._broken = True
 
     @property
     def parked(self) -> bool:
@@ -1521,12 +1563,15 @@ class StreamStore:
                 return done
 
 
+_LIVE: weakref.WeakSet[StreamStore] = reset_after_fork(lambda store: store._forked())
+
+
 def flag_deleted(directory: Path, *, sync: bool) -> bool:
     """Flag a stream deleted that cannot be opened (its recovery fails on damage), so
     that every process drops it before its directory goes: a fresh state record with
     only the deleted flag, under the stream lock. False if the stream is gone."""
     try:
-        fd = os.open(directory / STATE, os.O_RDWR)
+        fd = open_lock(directory / STATE, create=False)
     except FileNotFoundError:
         return False
     try:
@@ -1536,7 +1581,7 @@ def flag_deleted(directory: Path, *, sync: bool) -> bool:
         if sync:
             os.fsync(fd)
     finally:
-        os.close(fd)
+        close_lock(fd)
     return True
 
 

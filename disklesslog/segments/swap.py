@@ -46,7 +46,8 @@ from .layout import (
     LOST_SUFFIX,
     SEGMENT_SUFFIXES,
     STAGING,
-    close_quietly,
+    close_lock,
+    open_lock,
     segment_name,
 )
 
@@ -162,7 +163,7 @@ def cleaner_lock(directory: Path, *, create: bool = True) -> Iterator[bool]:
     compactor ever ran: the lock is taken without one.
     """
     try:
-        fd = os.open(directory / CLEANER_LOCK, os.O_RDWR | (os.O_CREAT if create else 0), 0o644)
+        fd = open_lock(directory / CLEANER_LOCK, create=create)
     except FileNotFoundError:
         if create or not directory.exists():
             raise
@@ -181,7 +182,7 @@ def cleaner_lock(directory: Path, *, create: bool = True) -> Iterator[bool]:
         finally:
             fcntl.flock(fd, fcntl.LOCK_UN)
     finally:
-        close_quietly(fd)  # releases the lock
+        close_lock(fd)
 
 
 def clear_staging(directory: Path) -> Path:

@@ -85,7 +85,7 @@ from ..transactions import (
     check_parts,
 )
 from . import reader
-from .layout import close_quietly, flocked, write_durably
+from .layout import close_lock, flocked, open_lock, write_durably
 
 if TYPE_CHECKING:
     from ..maintenance.report import MaintenanceReport
@@ -247,7 +247,7 @@ def recover(log: SegmentLog) -> None:
         with os.scandir(directory / PENDING) as entries:
             if next(entries, None) is None:
                 return
-        fd = os.open(directory / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
+        fd = open_lock(directory / ".lock")
     except FileNotFoundError:
         return
     except OSError as exc:  # a reader without write access: the next committer finishes
@@ -260,7 +260,7 @@ def recover(log: SegmentLog) -> None:
             return
         _finish_interrupted(log, current=None)
     finally:
-        close_quietly(fd)  # releases the lock
+        close_lock(fd)  # releases the lock
 
 
 def _finish_interrupted(log: SegmentLog, *, current: str | None) -> set[str]:

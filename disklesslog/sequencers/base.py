@@ -15,7 +15,6 @@ can subclass too. The idempotence and fencing rules live once, in
 
 from __future__ import annotations
 
-import threading
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
@@ -24,6 +23,7 @@ from types import TracebackType
 from typing import Any
 
 from ..errors import DisklessLogError
+from ..forks import fork_safe_lock
 from ..leases import Lease, LeaseKeeper, LeaseRecord
 
 __all__ = [
@@ -154,7 +154,7 @@ class StreamMeta:
     config: dict[str, Any] = field(default_factory=dict)
 
 
-_KEEPERS_LOCK = threading.Lock()
+_KEEPERS_LOCK = fork_safe_lock()
 
 
 class Sequencer(ABC):

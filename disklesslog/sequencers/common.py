@@ -1,5 +1,5 @@
 """What every sequencer shares beyond the producer rules: argument checks, the commit
-planner, the checks for replacing batches, and forgetting connections after ``fork()``.
+planner and the checks for replacing batches.
 
 The memory sequencer applies them to its dicts, the SQL sequencers to the rows they load
 inside a transaction: the same logic, so every implementation behaves alike under the
@@ -9,11 +9,9 @@ conformance suite.
 from __future__ import annotations
 
 import json
-import os
-import weakref
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any
 
 from ..errors import (
     ConfigError,
@@ -56,7 +54,6 @@ __all__ = [
     "check_transaction_id",
     "clock_ms",
     "config_copy",
-    "forget_after_fork",
     "merged_config",
     "not_contiguous",
     "out_of_range",
@@ -472,25 +469,3 @@ def out_of_range(stream: str, offset: int, start: int, end: int) -> OffsetOutOfR
         start_offset=start,
         end_offset=end,
     )
-
-
-# ----------------------------------------------------------------------------- fork
-
-S = TypeVar("S")
-
-
-def forget_after_fork(forget: Callable[[S], None]) -> weakref.WeakSet[S]:
-    """The set of a sequencer class's open instances, which add themselves when they
-    open and discard themselves when they close. In a child process made by ``fork()``,
-    ``forget`` runs for every instance still in it: the connections it holds are the
-    parent's (their sockets, their database locks), so the child must neither use nor
-    close them, and opens its own."""
-    live: weakref.WeakSet[S] = weakref.WeakSet()
-
-    def after_in_child() -> None:
-        for instance in list(live):
-            forget(instance)
-
-    if hasattr(os, "register_at_fork"):
-        os.register_at_fork(after_in_child=after_in_child)
-    return live

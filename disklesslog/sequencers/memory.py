@@ -11,7 +11,6 @@ The checks and the commit planner it shares with the SQL sequencers live in
 from __future__ import annotations
 
 import json
-import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
@@ -25,6 +24,7 @@ from ..errors import (
     InvalidURL,
     StreamNotFound,
 )
+from ..forks import fork_safe_lock
 from ..leases import (
     LeaseRecord,
     check_lease_record,
@@ -220,7 +220,7 @@ class _Stream:
 
 
 _INSTANCES: dict[str, MemorySequencer] = {}
-_INSTANCES_LOCK = threading.Lock()
+_INSTANCES_LOCK = fork_safe_lock()
 
 
 def open_memory_sequencer(url: str) -> MemorySequencer:
@@ -256,7 +256,7 @@ class MemorySequencer(Sequencer):
         self._clock = clock
         if clock is not time.time:  # an injected clock measures leases too
             self.lease_clock = clock
-        self._lock = threading.Lock()
+        self._lock = fork_safe_lock()
         self._streams: dict[str, _Stream] = {}
         self._next_stream_id = 1
         self._producers: dict[int, int] = {}  # id -> epoch

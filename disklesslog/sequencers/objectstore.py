@@ -54,6 +54,7 @@ import logging
 import secrets
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -69,6 +70,7 @@ from ..errors import (
     SequencerError,
     StorageError,
 )
+from ..forks import reset_after_fork
 from ..leases import LeaseRecord, check_lease_record, check_lease_serial
 from ..names import validate_lease_name, validate_stream_name
 from ..retries import DEADLINE
@@ -235,6 +237,7 @@ class ObjectStoreSequencer(Sequencer):
         self._cleaner_lock = threading.Lock()  # starting and joining it
         self._closed = False
         self._zstd_level = 3
+        _LIVE.add(self)
         try:
             self._catch_up()
         except SequencerDamaged as exc:
@@ -244,6 +247,24 @@ class ObjectStoreSequencer(Sequencer):
 
     def __repr__(self) -> str:
         return f"ObjectStoreSequencer({self.url})"
+
+    def _forked(self) -> None:
+        """In a fork child (:mod:`disklesslog.forks`): the queued operations, and the
+        entries awaited, are the parent's threads' (the parent writes them; the child
+        reads what landed as any other process does); the clean-up thread is the
+        parent's. A thread of the parent may have been applying an entry when the fork
+        came, so the replica is dropped: the child's first call replays from the newest
+        checkpoint, as a process opening the log does."""
+        self._lock = threading.RLock()
+        self._fetch_lock = threading.Lock()
+        self._queue_cond = threading.Condition()
+        self._cleaner_lock = threading.Lock()
+        self._queue = []
+        self._awaiting = {}
+        self._leading = False
+        self._cleaner = None
+        self._replica = self._empty_replica()
+        self._confirmed = -float("inf")
 
     # ------------------------------------------------------------ state reads
 
@@ -1250,3 +1271,8 @@ def _collector_off() -> Iterator[None]:
     finally:
         if was_enabled:
             gc.enable()
+
+
+_LIVE: weakref.WeakSet[ObjectStoreSequencer] = reset_after_fork(
+    lambda sequencer: sequencer._forked()
+)

@@ -42,9 +42,10 @@ commits wait; :meth:`Pacing.saturation` reports it (the log warns once a minute 
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Callable
+
+from ..forks import fork_safe_lock
 
 __all__ = [
     "CONTENTION_MEMORY",
@@ -87,7 +88,7 @@ class Pacing:
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._clock = clock  # monotonic seconds (a test injects its own)
-        self._lock = threading.Lock()
+        self._lock = fork_safe_lock()
         self.put_seconds = _FIRST_GUESS
         self.get_seconds = _FIRST_GUESS
         self._lost_at = -float("inf")

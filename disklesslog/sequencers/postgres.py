@@ -104,6 +104,7 @@ from ..errors import (
     SequencerError,
     StreamNotFound,
 )
+from ..forks import reset_after_fork
 from ..leases import (
     LeaseRecord,
     check_lease_record,
@@ -141,7 +142,6 @@ from .common import (
     check_transaction,
     clock_ms,
     config_copy,
-    forget_after_fork,
     merged_config,
     not_contiguous,
     out_of_range,
@@ -690,7 +690,7 @@ def open_postgres_sequencer(url: str) -> PostgresSequencer:
 
 # --------------------------------------------------------------------- connections
 
-_LIVE: weakref.WeakSet[PostgresSequencer] = forget_after_fork(
+_LIVE: weakref.WeakSet[PostgresSequencer] = reset_after_fork(
     lambda sequencer: sequencer._forget_pool()
 )
 _INHERITED: list[Any] = []  # pools a fork child must neither use nor close

@@ -90,6 +90,7 @@ from ..errors import (
     SequencerError,
     StreamNotFound,
 )
+from ..forks import reset_after_fork
 from ..leases import (
     LeaseRecord,
     check_lease_record,
@@ -127,7 +128,6 @@ from .common import (
     check_transaction,
     clock_ms,
     config_copy,
-    forget_after_fork,
     merged_config,
     not_contiguous,
     out_of_range,
@@ -357,7 +357,7 @@ def _close_connection(db: sqlite3.Connection, pid: int) -> None:
         db.close()
 
 
-_LIVE: weakref.WeakSet[SqliteSequencer] = forget_after_fork(
+_LIVE: weakref.WeakSet[SqliteSequencer] = reset_after_fork(
     lambda sequencer: sequencer._forget_connections()
 )
 _INHERITED: list[object] = []  # connections a fork child must neither use nor close

@@ -109,6 +109,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping
 
 from ..errors import ConfigError
+from ..forks import fork_safe_lock, reset_after_fork
 from ..format import crc32c
 from ..metrics import Metrics
 from ..storage.atomic import replace_file
@@ -941,19 +942,17 @@ def _disk_crc(name: str, data: bytes) -> int:
     return crc32c(data, crc32c(name.encode("ascii")))
 
 
-_CACHES: weakref.WeakSet[BlockCache] = weakref.WeakSet()
+def _reset_after_fork(cache: BlockCache) -> None:
+    cache._after_fork()
 
 
-def _reset_after_fork() -> None:
-    for cache in list(_CACHES):
-        cache._after_fork()
-    _Default.lock = threading.Lock()
+_CACHES: weakref.WeakSet[BlockCache] = reset_after_fork(_reset_after_fork)
 
 
 class _Default:
     """Holder of the process-wide cache (created on first use)."""
 
-    lock = threading.Lock()
+    lock = fork_safe_lock()
     cache: BlockCache | None = None
 
 
@@ -986,7 +985,3 @@ def configure_default_cache(
     with _Default.lock:
         _Default.cache = cache
     return cache
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_reset_after_fork)

@@ -22,15 +22,15 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
-import threading
 from typing import Any
 
 from ..errors import SequencerError
+from ..forks import fork_safe_lock
 from .filesystems import is_local, is_memory
 
 __all__ = ["put_if_absent"]
 
-_MEMORY_LOCK = threading.Lock()
+_MEMORY_LOCK = fork_safe_lock()
 
 
 def put_if_absent(fs: Any, path: str, data: bytes) -> bool:

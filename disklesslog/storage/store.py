@@ -20,9 +20,11 @@ import contextlib
 import functools
 import os
 import time
+import weakref
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
+from ..forks import reset_after_fork
 from ..metrics import Metrics
 from ..retries import ATTEMPTS, DEADLINE, DELAY, retrying
 from .atomic import replace_file
@@ -59,7 +61,8 @@ class ObjectStore:
         retry_delay: float = DELAY,
         retry_deadline: float = DEADLINE,
     ) -> None:
-        self.fs = fs
+        self._fs = fs
+        self._forked = False  # in a fork child: an async filesystem is made anew on use
         self.root = root
         self.metrics = metrics
         self.prefix = prefix
@@ -69,6 +72,22 @@ class ObjectStore:
         protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
         self.url = url or f"{protocol}://{root}"
         self._local = os.path.abspath(root) if is_local(fs) else None
+        _LIVE.add(self)
+
+    @property
+    def fs(self) -> Any:
+        """The fsspec filesystem. In a child made by ``fork()``, an async one (s3fs,
+        gcsfs, adlfs: fsspec refuses to use them after a fork, their event loop and
+        connections being the parent's) is replaced on first use by a new instance
+        with the same options."""
+        if self._forked:
+            self._forked = False
+            if getattr(self._fs, "async_impl", False):
+                self._fs = type(self._fs)(*self._fs.storage_args, **self._fs.storage_options)
+        return self._fs
+
+    def _after_fork(self) -> None:
+        self._forked = True
 
     def path(self, key: str) -> str:
         """Where object ``key`` lives in the filesystem."""
@@ -355,3 +374,6 @@ def _local_listing(directory: str, prefix: str) -> dict[str, dict[str, Any]]:
                     "mtime": info.st_mtime,
                 }
     return listed
+
+
+_LIVE: weakref.WeakSet[ObjectStore] = reset_after_fork(lambda store: store._after_fork())

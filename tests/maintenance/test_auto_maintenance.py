@@ -193,10 +193,13 @@ def test_maintain_runs_the_sequencers_housekeeping(tmp_path: Path) -> None:
 
 def test_a_forked_child_runs_its_own_maintenance(tmp_path: Path) -> None:
     """A child forked from a maintaining process holds none of its leases and no thread,
-    until it writes itself."""
+    until it writes itself; then it maintains under a holder name of its own, so it
+    does not take the parent's lease for its own while the parent holds it (under the
+    parent's name it would renew it, and both would maintain at once)."""
     log = disklesslog.open(tmp_path / "log", fsync="never", maintenance_interval_ms=INTERVAL_MS)
     log.stream("s").append(b"parent")
     _wait_for(lambda: log.maintenance_status().maintaining, 30, "the parent maintains")
+    parent = log.maintenance_status().holder
     pid = os.fork()
     if pid == 0:  # the child: report through the exit status only
         status = 1
@@ -204,8 +207,16 @@ def test_a_forked_child_runs_its_own_maintenance(tmp_path: Path) -> None:
             before = log.maintenance_status()
             log.stream("s").append(b"child")
             after = log.maintenance_status()
+            time.sleep(5 * INTERVAL_MS / 1000)  # passes the child would run, were it holding
+            later = log.maintenance_status()
             log.close()
-            if not before.running and not before.maintaining and after.running:
+            if (
+                not before.running
+                and not before.maintaining
+                and after.running
+                and not later.maintaining
+                and later.holder == parent
+            ):
                 status = 0
         finally:
             os._exit(status)

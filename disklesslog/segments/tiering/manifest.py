@@ -31,13 +31,13 @@ import json
 import os
 import secrets
 import struct
-import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ...errors import CorruptDataError
+from ...forks import fork_safe_lock
 from ...format import crc32c
 from ...storage.atomic import TEMPORARY_INFIX, replace_file
 
@@ -335,7 +335,7 @@ class ManifestCache:
     """
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
+        self._lock = fork_safe_lock()
         self._known: dict[Path, tuple[tuple[int, int, int, int], Manifest]] = {}
         self._paths: dict[Path, str] = {}  # joining paths costs more than the stat
 

@@ -24,7 +24,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import struct
-import threading
 from bisect import bisect_right
 from collections import OrderedDict
 from collections.abc import Iterator
@@ -32,6 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ...errors import CorruptDataError, DataLossError, IncompleteBatchError, OffsetOutOfRange
+from ...forks import fork_safe_lock
 from ...format import crc32c
 from ...maintenance.retention import Unit
 from ...projection import COLUMNS, Part, Projection
@@ -82,7 +82,7 @@ class TieredReader:
     def __init__(self, tier: Tier, manifests: ManifestCache) -> None:
         self.tier = tier
         self.manifests = manifests
-        self._lock = threading.Lock()
+        self._lock = fork_safe_lock()
         self._indexes: OrderedDict[str, Entries] = OrderedDict()
 
     # ----------------------------------------------------------------- views

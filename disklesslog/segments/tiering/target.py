@@ -34,13 +34,13 @@ import json
 import logging
 import os
 import secrets
-import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 from ...checksummed import encode_json
 from ...errors import ConfigError, CorruptDataError, DataLossError, InvalidURL, StorageError
+from ...forks import fork_safe_lock
 from ...format import crc32c
 from ...markers import MARKER, check_marker
 from ...metrics import Metrics
@@ -244,7 +244,7 @@ class Tier:
         self.log_id = log_id
         self.metrics = metrics
         self._storage_options = storage_options
-        self._lock = threading.Lock()
+        self._lock = fork_safe_lock()
         self._objects: ObjectStore | None = None
         self._owner_checked = False
 
