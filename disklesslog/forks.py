@@ -21,17 +21,21 @@ or syncs what belongs to the parent.
 itself when it comes to hold something and may discard itself when it lets go. A
 lock that only needs to be free again in the child (a module's, or an instance's that
 has nothing else to forget) is made by :func:`fork_safe_lock` or :func:`fork_safe_rlock`.
+What cannot be forgotten (state a C library keeps per process, such as SQLite's table
+of the locks its connections hold) must not be half-changed when the child is made: a
+:class:`ForkGate` holds ``fork()`` back until such sections end.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
-__all__ = ["fork_safe_lock", "fork_safe_rlock", "reset_after_fork"]
+__all__ = ["ForkGate", "fork_safe_lock", "fork_safe_rlock", "reset_after_fork"]
 
 T = TypeVar("T")
 
@@ -80,3 +84,84 @@ def _free_locks() -> None:
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_free_locks)
+
+
+class ForkGate:
+    """Sections of code that ``fork()`` waits for: any number run at once (each between
+    :meth:`enter` and :meth:`leave`, or in :meth:`held`; a thread's sections may nest);
+    a fork in any thread first waits until none runs, and none starts until it is
+    done. For state a C library keeps per process that the child cannot reset (see the
+    module). A section must not wait for anything a forking thread may hold, and
+    should be short: the fork waits for it."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition(threading.Lock())
+        self._running = 0
+        self._forking = False
+        self._depth = threading.local()  # sections a thread is in (they nest)
+        _GATES.add(self)
+
+    def enter(self) -> None:
+        depth = getattr(self._depth, "n", 0)
+        self._depth.n = depth + 1
+        if depth:  # within a section already: the fork waits for the outer one
+            return
+        with self._cond:
+            while self._forking:
+                self._cond.wait()
+            self._running += 1
+
+    def leave(self) -> None:
+        self._depth.n -= 1
+        if self._depth.n:
+            return
+        with self._cond:
+            self._running -= 1
+            if not self._running:
+                self._cond.notify_all()
+
+    @contextlib.contextmanager
+    def held(self) -> Iterator[None]:
+        self.enter()
+        try:
+            yield
+        finally:
+            self.leave()
+
+    def _before_fork(self) -> None:
+        with self._cond:
+            self._forking = True
+            while self._running:
+                self._cond.wait()
+
+    def _after_fork(self, *, child: bool) -> None:
+        if child:  # the sections of other threads are not in the child
+            self._cond = threading.Condition(threading.Lock())
+            self._running = 0
+            self._forking = False
+            self._depth = threading.local()
+            return
+        with self._cond:
+            self._forking = False
+            self._cond.notify_all()
+
+
+_GATES: weakref.WeakSet[ForkGate] = weakref.WeakSet()
+
+
+def _gates_before_fork() -> None:
+    for gate in list(_GATES):
+        gate._before_fork()
+
+
+def _gates_after_fork(*, child: bool) -> None:
+    for gate in list(_GATES):
+        gate._after_fork(child=child)
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(
+        before=_gates_before_fork,
+        after_in_parent=lambda: _gates_after_fork(child=False),
+        after_in_child=lambda: _gates_after_fork(child=True),
+    )

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import random
 import signal
 import threading
 import time
@@ -35,6 +36,7 @@ from backends import (
 
 import disklesslog
 from disklesslog import AbstractLog, ForkedError, LogClosedError
+from disklesslog.forks import ForkGate
 from disklesslog.segments.layout import flocked
 
 pytestmark = [
@@ -56,6 +58,7 @@ SHARED: list[Any] = [
 
 CHILD_SECONDS = 60.0
 RECORDS = 200
+ROUNDS = 20
 
 
 @pytest.fixture(params=SHARED)
@@ -188,6 +191,7 @@ def test_a_consumer_made_before_the_fork_is_the_parents(
     log.stream("c").append_batch([b"a", b"b", b"c"])
     consumer = log.consumer("g", ["c"], auto_commit_interval_ms=1)
     assert [r.value for _, r in consumer.poll(max_records=1)] == [b"a"]
+    committed = log.committed_offsets("g")  # {} or {"c": 0}: as auto-commit found it
 
     def child() -> None:
         with pytest.raises(ForkedError, match="before it forked"):
@@ -195,7 +199,7 @@ def test_a_consumer_made_before_the_fork_is_the_parents(
         with pytest.raises(ForkedError):
             consumer.commit()
         consumer.close()
-        assert log.committed_offsets("g") == {}
+        assert log.committed_offsets("g") == committed
         log.close()
 
     join = fork(child)
@@ -275,3 +279,74 @@ def test_a_child_syncs_its_own_appends(tmp_path: Path, fork: Fork) -> None:
     fork(child)()
     assert [r.value for r in log.stream("s").read()] == [b"parent", b"child"]
     log.close()
+
+
+@pytest.mark.parametrize("open_log", SHARED[:4])
+def test_forks_at_random_moments_of_a_busy_parent(
+    open_log: Opener, tmp_path: Path, request: pytest.FixtureRequest, fork: Fork
+) -> None:
+    """The parent appends from a thread and maintains every 20 ms (passes, lease
+    renewals, compaction and retention taking their locks) while it forks again and
+    again at random moments; every child appends and closes within its time, and in
+    the end every record is there once."""
+    rng = random.Random(request.node.name)
+    log = open_log(tmp_path, {"maintenance_interval_ms": 20}, request)
+    log.create_stream("busy", retention_ms=3_600_000)
+    stop = threading.Event()
+    appended: list[int] = []
+
+    def append() -> None:
+        while not stop.is_set():
+            appended.append(log.stream("busy").append(b"parent"))
+
+    appender = threading.Thread(target=append)
+    appender.start()
+    try:
+        for round_ in range(ROUNDS):
+            time.sleep(rng.uniform(0, 0.05))
+
+            def child(round_: int = round_) -> None:
+                stream = log.stream("busy")
+                for i in range(5):
+                    stream.append(b"child %d %d" % (round_, i))
+                log.close()
+
+            fork(child)()
+    finally:
+        stop.set()
+        appender.join()
+    values = [r.value for r in log.stream("busy").read()]
+    assert values.count(b"parent") == len(appended)
+    assert sorted(v for v in values if v != b"parent") == sorted(
+        b"child %d %d" % (r, i) for r in range(ROUNDS) for i in range(5)
+    )
+    assert [r.offset for r in log.stream("busy").read()] == list(range(len(values)))
+    log.close()
+
+
+def test_a_fork_waits_for_the_sections_of_a_gate(fork: Fork) -> None:
+    """``ForkGate``: a fork waits for a section running in another thread, and that
+    section may enter the gate again (nested) while the fork waits, without a deadlock."""
+    gate = ForkGate()
+    entered, nested = threading.Event(), threading.Event()
+
+    def section() -> None:
+        with gate.held():
+            entered.set()
+            time.sleep(0.3)
+            with gate.held():  # the fork is waiting by now
+                nested.set()
+            time.sleep(0.1)
+
+    worker = threading.Thread(target=section)
+    worker.start()
+    assert entered.wait(10)
+    started = time.monotonic()
+    join = fork(lambda: None)  # returns in the parent once the section ended
+    waited = time.monotonic() - started
+    join()
+    worker.join()
+    assert nested.is_set()
+    assert waited >= 0.3, waited
+    with gate.held():  # free again after the fork
+        pass

@@ -90,7 +90,7 @@ from ..errors import (
     SequencerError,
     StreamNotFound,
 )
-from ..forks import reset_after_fork
+from ..forks import ForkGate, reset_after_fork
 from ..leases import (
     LeaseRecord,
     check_lease_record,
@@ -353,7 +353,7 @@ def _close_connection(db: sqlite3.Connection, pid: int) -> None:
     if os.getpid() != pid:
         _INHERITED.append(db)
         return
-    with contextlib.suppress(*_ERRORS):
+    with _FORK_GATE.held(), contextlib.suppress(*_ERRORS):
         db.close()
 
 
@@ -361,6 +361,15 @@ _LIVE: weakref.WeakSet[SqliteSequencer] = reset_after_fork(
     lambda sequencer: sequencer._forget_connections()
 )
 _INHERITED: list[object] = []  # connections a fork child must neither use nor close
+_FORK_GATE = ForkGate()
+"""Every use of SQLite (transactions, opening and closing connections), which
+``fork()`` waits for. SQLite keeps state per process that a child cannot reset: one
+table of the locks its connections hold on a database file (and on its ``-shm``),
+shared by every connection to it, and mutexes its calls take with the GIL released. A
+child made while a thread held the write lock would inherit an entry saying so, though
+the lock itself (a POSIX lock, the parent's) is not the child's, and every write of its
+own would find the database busy until its timeout; one made while a thread held one of
+those mutexes would wait for it for ever."""
 
 
 def _is_busy(exc: Exception) -> bool:
@@ -467,20 +476,21 @@ class SqliteSequencer(Sequencer):
         return holder
 
     def _connect(self) -> _Connection:
-        db = self._open_db(
-            isolation_level=None,  # we issue BEGIN/COMMIT ourselves
-            check_same_thread=False,  # close() may run in another thread
-            cached_statements=256,
-        )
-        holder = _Connection(db)
-        try:
-            # Both values come from SYNCHRONOUS_MODES: no user text reaches the SQL.
-            db.execute(f"PRAGMA synchronous = {self.synchronous.upper()}")
-            db.execute(f"PRAGMA wal_autocheckpoint = {_AUTOCHECKPOINT_PAGES}")
-            db.execute(f"PRAGMA journal_size_limit = {_WAL_SIZE_LIMIT}")
-        except _ERRORS as exc:
-            holder.close()
-            raise self._error(exc) from exc
+        with _FORK_GATE.held():
+            db = self._open_db(
+                isolation_level=None,  # we issue BEGIN/COMMIT ourselves
+                check_same_thread=False,  # close() may run in another thread
+                cached_statements=256,
+            )
+            holder = _Connection(db)
+            try:
+                # Both values come from SYNCHRONOUS_MODES: no user text reaches the SQL.
+                db.execute(f"PRAGMA synchronous = {self.synchronous.upper()}")
+                db.execute(f"PRAGMA wal_autocheckpoint = {_AUTOCHECKPOINT_PAGES}")
+                db.execute(f"PRAGMA journal_size_limit = {_WAL_SIZE_LIMIT}")
+            except _ERRORS as exc:
+                holder.close()
+                raise self._error(exc) from exc
         with self._lock:
             if self._closed:
                 holder.close()
@@ -543,31 +553,44 @@ class SqliteSequencer(Sequencer):
             db = holder.db
             if db is None or self._closed:
                 raise LogClosedError(f"{self!r} was closed")
-            self._begin(db, begin)
+            if begin != _WRITE:
+                _FORK_GATE.enter()
             try:
-                yield db
-            except BaseException as exc:
-                self._rollback(db)
-                if not isinstance(exc, DisklessLogError) or isinstance(exc, _DAMAGE):
-                    self._retire(holder)
-                if isinstance(exc, _ERRORS):
-                    raise self._error(exc) from exc
-                if isinstance(exc, OverflowError):  # an int SQLite cannot bind
-                    raise ConfigError(
-                        f"a number does not fit SQLite's 64-bit integers ({exc}); nothing "
-                        "was applied"
-                    ) from None
+                self._begin(db, begin)  # a write returns inside _FORK_GATE
+            except BaseException:
+                if begin != _WRITE:
+                    _FORK_GATE.leave()
                 raise
             try:
-                db.execute("COMMIT")
-            except _ERRORS as exc:
-                self._rollback(db)
-                self._retire(holder)
-                raise self._error(exc) from exc
-            if begin == _WRITE:
-                self._writes += 1
-                if not self._writes % _WAL_CHECK_EVERY and _file_size(self._wal) > _WAL_SIZE_LIMIT:
-                    self._bound_wal(db)
+                try:
+                    yield db
+                except BaseException as exc:
+                    self._rollback(db)
+                    if not isinstance(exc, DisklessLogError) or isinstance(exc, _DAMAGE):
+                        self._retire(holder)
+                    if isinstance(exc, _ERRORS):
+                        raise self._error(exc) from exc
+                    if isinstance(exc, OverflowError):  # an int SQLite cannot bind
+                        raise ConfigError(
+                            f"a number does not fit SQLite's 64-bit integers ({exc}); "
+                            "nothing was applied"
+                        ) from None
+                    raise
+                try:
+                    db.execute("COMMIT")
+                except _ERRORS as exc:
+                    self._rollback(db)
+                    self._retire(holder)
+                    raise self._error(exc) from exc
+                if begin == _WRITE:
+                    self._writes += 1
+                    if (
+                        not self._writes % _WAL_CHECK_EVERY
+                        and _file_size(self._wal) > _WAL_SIZE_LIMIT
+                    ):
+                        self._bound_wal(db)
+            finally:
+                _FORK_GATE.leave()
 
     def _bound_wal(self, db: sqlite3.Connection) -> None:
         """Have the write-ahead log start over, as its automatic checkpoints cannot
@@ -615,7 +638,11 @@ class SqliteSequencer(Sequencer):
     def _begin(self, db: sqlite3.Connection, begin: str) -> None:
         """Start a transaction. Writers wait for the write lock with short, jittered
         retries rather than SQLite's busy handler, whose sleeps grow to 100 ms: with it, a
-        waiting process keeps losing the lock to processes that never sleep."""
+        waiting process keeps losing the lock to processes that never sleep.
+
+        A write transaction starts inside :data:`_FORK_GATE` (each try enters it, a
+        failed try leaves it, so a fork never waits for another process's write) and its
+        caller leaves it when the transaction ends; a read is inside it all along."""
         if begin != _WRITE:
             try:
                 db.execute(begin)
@@ -627,15 +654,18 @@ class SqliteSequencer(Sequencer):
             deadline = time.monotonic() + self.timeout
             delay = _LOCK_RETRY_FIRST
             while True:
+                _FORK_GATE.enter()
                 try:
                     db.execute(_WRITE)
-                    return
-                except sqlite3.OperationalError as exc:
-                    if _is_busy(exc) and time.monotonic() < deadline:
+                except BaseException as exc:
+                    _FORK_GATE.leave()
+                    busy = isinstance(exc, sqlite3.OperationalError) and _is_busy(exc)
+                    if busy and time.monotonic() < deadline:
                         time.sleep(delay * (0.5 + random.random()))
                         delay = min(delay * 1.5, _LOCK_RETRY_MAX)
                         continue
                     raise
+                return
         except _ERRORS as exc:
             raise self._error(exc) from exc
         finally:
@@ -695,7 +725,7 @@ class SqliteSequencer(Sequencer):
         if self._damage is None:
             self._damage = ""
             try:
-                with contextlib.closing(self._open_db()) as db:
+                with _FORK_GATE.held(), contextlib.closing(self._open_db()) as db:
                     found = [str(row[0]) for row in db.execute("PRAGMA quick_check(5)")]
                 if found != ["ok"]:
                     self._damage = "; PRAGMA quick_check found: " + " | ".join(found)
@@ -768,7 +798,8 @@ class SqliteSequencer(Sequencer):
                     db = holder.db
                     if db is None:
                         raise LogClosedError(f"{self!r} was closed")
-                    return str(db.execute("PRAGMA journal_mode = WAL").fetchone()[0])
+                    with _FORK_GATE.held():
+                        return str(db.execute("PRAGMA journal_mode = WAL").fetchone()[0])
                 except sqlite3.OperationalError as exc:
                     if _is_busy(exc) and time.monotonic() < deadline:
                         time.sleep(delay)
