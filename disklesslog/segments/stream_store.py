@@ -311,13 +311,14 @@ class StreamStore:
         self._mutex = threading.RLock()
         self._lock_held = False
         self.pins = 0
-        if self._closed or self._parked:
+        if self._closed:
             return
-        if self._state_id is None:
+        if self._state_id is None and self._lock_fd >= 0:
             try:
                 self._state_id = _identity(os.fstat(self._lock_fd))
             except OSError:
                 self._state_id = (0, 0, 0)  # reopening then finds the stream gone
+        # A parked store holds descriptors too while a thread syncs or closes it.
         for fd in (self._active_fd, self._lock_fd):
             if fd >= 0:
                 close_quietly(fd)
