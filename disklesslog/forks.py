@@ -35,7 +35,7 @@ import weakref
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
-__all__ = ["ForkGate", "fork_safe_lock", "fork_safe_rlock", "reset_after_fork"]
+__all__ = ["ForkGate", "fork_safe_lock", "fork_safe_rlock", "renewed_event", "reset_after_fork"]
 
 T = TypeVar("T")
 
@@ -54,6 +54,15 @@ def reset_after_fork(reset: Callable[[T], None]) -> weakref.WeakSet[T]:
     if hasattr(os, "register_at_fork"):
         os.register_at_fork(after_in_child=after_in_child)
     return live
+
+
+def renewed_event(event: threading.Event) -> threading.Event:
+    """For a reset in a fork child: a new event in the state of ``event``, whose lock a
+    thread of the parent may have held at the fork."""
+    renewed = threading.Event()
+    if event.is_set():
+        renewed.set()
+    return renewed
 
 
 _LOCKS: weakref.WeakSet[Any] = weakref.WeakSet()

@@ -63,7 +63,7 @@ from ..errors import (
     LogClosedError,
     StreamNotFound,
 )
-from ..forks import reset_after_fork
+from ..forks import renewed_event, reset_after_fork
 from ..leases import MAX_DURATION_MS, Lease
 from .report import COUNTERS, MaintenanceReport
 
@@ -257,10 +257,7 @@ class Maintainer:
         a holder of its own (under the parent's name it would renew the parent's lease
         as if it held it too, and both would maintain at once)."""
         self._lock = threading.Lock()
-        stop = threading.Event()  # the parent's thread may have held the old one's lock
-        if self._stop.is_set():
-            stop.set()
-        self._stop = stop
+        self._stop = renewed_event(self._stop)
         self._thread = None
         self._lease = None
         self.started = False

@@ -51,7 +51,7 @@ from ..errors import (
     OffsetOutOfRange,
     StreamNotFound,
 )
-from ..forks import fork_safe_lock, reset_after_fork
+from ..forks import fork_safe_lock, renewed_event, reset_after_fork
 from ..format import EncodedBatch, as_column, encode_batch_borrowed, encode_record
 from ..leases import LeaseKeeper
 from ..maintenance.auto import DEFAULT_INTERVAL_MS, STATUS_FILE
@@ -957,10 +957,7 @@ class SegmentLog(AbstractLog):
         none holds descriptors; the fsync thread is the parent's, and the child's starts
         when a store opens (:meth:`_start_syncer_in_child`)."""
         self._open.clear()
-        stop = threading.Event()  # its lock may have been held by the parent's thread
-        if self._stop.is_set():
-            stop.set()
-        self._stop = stop
+        self._stop = renewed_event(self._stop)
         if self._syncer is not None:
             self._syncer = None
             self._syncer_wanted = True
