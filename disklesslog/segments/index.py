@@ -13,6 +13,7 @@ recovery truncates them with the segment.
 
 from __future__ import annotations
 
+import logging
 import os
 import struct
 from array import array
@@ -25,6 +26,8 @@ from ..format import crc32c
 from .layout import close_quietly
 
 __all__ = ["HEADER", "OFFSET_ENTRY", "TIME_ENTRY", "Entries", "SparseIndex"]
+
+log = logging.getLogger("disklesslog")
 
 OFFSET_ENTRY = struct.Struct("<II")
 """relative offset (u32), file position (u32) of the first byte of a segment entry."""
@@ -205,15 +208,29 @@ class SparseIndex(Entries):
         crc = crc32c(entry, self._disk_crc)
         fd = os.open(self.path, os.O_WRONLY | os.O_CREAT, 0o644)
         try:
-            if self._disk:
-                os.pwrite(fd, entry, HEADER.size + self._disk * self._entry.size)
+            # Shorter than the entries this process wrote: another process's open, which
+            # cuts the entries after the recovery point and writes them again, was killed
+            # half-way. An entry written past the end would leave a hole that fails the
+            # checksum (and every later open would rebuild the index), so the memory,
+            # complete, is written whole instead.
+            cut_short = bool(self._disk) and os.fstat(fd).st_size < self._end(self._disk)
+            if not cut_short and self._disk:
+                os.pwrite(fd, entry, self._end(self._disk))
                 os.pwrite(fd, self._pack_header(self._disk + 1, crc), 0)
-            else:
+            elif not cut_short:
                 os.pwrite(fd, self._pack_header(1, crc) + entry, 0)
         finally:
             os.close(fd)
+        if cut_short:
+            log.warning("%s was cut short by another process; writing it again", self.path)
+            self.rewrite()
+            return
         self._disk += 1
         self._disk_crc = crc
+
+    def _end(self, count: int) -> int:
+        """The file's length with ``count`` entries."""
+        return HEADER.size + count * self._entry.size
 
     def truncate(self, keep: int) -> None:
         """Keep only the first ``keep`` entries, in memory and on disk."""

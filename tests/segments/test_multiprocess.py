@@ -12,6 +12,7 @@ import pytest
 from workers import STREAM_CONFIG, append_worker, prefix_reader
 
 import disklesslog
+from disklesslog.segments.index import OFFSET_ENTRY, TIME_ENTRY, SparseIndex
 
 SPAWN = multiprocessing.get_context("spawn")
 
@@ -136,3 +137,36 @@ def test_many_processes_create_one_new_log_at_once(tmp_path: Path) -> None:
                 assert sorted(r.value for r in log.stream("s").read()) == sorted(
                     b"%d" % t for t in range(8)
                 )
+
+
+def test_an_index_cut_short_by_another_process_is_written_again_not_holed(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A process killed while its open rebuilt the active segment's index tail (recovery
+    cuts the entries after the recovery point and writes them again) leaves the files
+    shorter than a live writer's memory of them. The writer's next entries must not go
+    past the end: that left a hole of zeros the checksum failed, and every later open
+    rebuilt the indexes with a warning. The writer writes them whole from memory."""
+    with disklesslog.open(tmp_path, fsync="never") as log:
+        stream = log.create_stream("s", index_interval_bytes=64)
+        for i in range(40):  # a new max timestamp at every index entry
+            stream.append(b"%04d" % i * 10, timestamp=1_000 + i)
+        (index_path,) = tmp_path.rglob("*.index")
+        (time_path,) = tmp_path.rglob("*.timeindex")
+        for path, entry in ((index_path, OFFSET_ENTRY), (time_path, TIME_ENTRY)):
+            cut = SparseIndex(path, entry)
+            assert cut.load(max_key=2**63 - 1, max_value=2**32 - 1)
+            assert len(cut) > 10
+            cut.truncate(5)  # what the killed open left: a consistent, shorter file
+        for i in range(40, 80):
+            stream.append(b"%04d" % i * 10, timestamp=1_000 + i)
+        size = (index_path.with_suffix(".log")).stat().st_size
+    for path, entry in ((index_path, OFFSET_ENTRY), (time_path, TIME_ENTRY)):
+        written = SparseIndex(path, entry)
+        assert written.load(max_key=2**63 - 1, max_value=size, strict=True), path.name
+        assert len(written) > 20  # the entries of all 80 records, not 5 and a hole
+    assert "cut short by another process" in caplog.text
+    caplog.clear()
+    with disklesslog.open(tmp_path) as log:
+        assert [r.value for r in log.stream("s").read()][-1] == b"0079" * 10
+    assert "rebuilding" not in caplog.text
