@@ -17,7 +17,8 @@ commit per flush), tiering a local log and reading it back from the tier (cold, 
 through the block cache), and ``Sequencer.commit`` of 10 batches on the SQLite,
 object-store (``file://``) and memory sequencers, plus the object-store sequencer's
 replay on open; ``busyopen``, opening the object-store sequencer of a busy log (a
-checkpoint holding 150,000 objects, then 2,000 entries to replay); and ``many``,
+checkpoint holding 150,000 objects, then 2,000 entries to replay); ``deletes``,
+``ObjectStore.delete`` of 500 objects on storage taking 20 ms a DELETE; and ``many``,
 run.py's many-streams group once (appends round-robin over 500 and over 10,000 streams
 of one log, which parks and reopens them), minutes a round, so name it with
 ``--only many``.
@@ -46,6 +47,7 @@ WORKLOADS = (
     "objectstore",
     "memory",
     "busyopen",
+    "deletes",
     "many",
 )
 COMMITS = 2_000
@@ -167,6 +169,8 @@ def _run(workload: str, directory: str) -> dict[str, float]:
         return {"object-store commits/s": rate, "object-store opens/s": 1 / opened}
     if workload == "busyopen":
         return _busy_open(directory)
+    if workload == "deletes":
+        return _deletes()
     if workload == "memory":
         return {"memory sequencer commits/s": _commits_per_second(open_sequencer("memory://c"))}
     if workload == "many":
@@ -215,6 +219,30 @@ def _busy_open(directory: str) -> dict[str, float]:
     opened = time.perf_counter() - start
     reader.close()
     return {"busy object-store opens/s": 1 / opened}
+
+
+def _deletes() -> dict[str, float]:
+    """Delete 500 objects through ``ObjectStore.delete`` (what garbage collection and
+    the object-store sequencer's clean-up call) on storage that takes 20 ms a DELETE,
+    as a bucket does: an in-memory filesystem that sleeps in every ``rm_file``."""
+    from disklesslog.metrics import Metrics
+    from disklesslog.storage.store import ObjectStore
+    from disklesslog.testing import FaultyMemoryFileSystem
+
+    class Bucket(FaultyMemoryFileSystem):
+        def rm_file(self, path: str) -> None:
+            time.sleep(0.02)
+            super().rm_file(path)
+
+    fs = Bucket()
+    store = ObjectStore(fs, f"/deletes-{os.getpid()}", Metrics())
+    keys = [f"objects/{i:06d}" for i in range(500)]
+    for key in keys:
+        fs.pipe_file(store.path(key), b"x")
+    start = time.perf_counter()
+    store.delete(keys)
+    elapsed = time.perf_counter() - start
+    return {"deletes/s at 20 ms a request": len(keys) / elapsed}
 
 
 def _tiered(directory: str, value: bytes) -> dict[str, float]:

@@ -13,7 +13,7 @@ records to drop and objects to delete.
 Maintenance (``--maintenance``): ``explicit`` runs ``log.maintain(grace_seconds=...)``
 in the writer every ``--maintain-every`` flushes; ``auto`` passes ``maintenance="auto"``
 to ``disklesslog.open`` (refused clearly if this version does not take it); ``off`` never
-maintains. ``--maintain-every 0`` is ``off``.
+maintains (``explicit`` and ``off`` pass ``maintenance="off"``). ``--maintain-every 0`` is ``off``.
 
 At each point of ``--points`` the writer pauses and a fresh process (``sys.executable``)
 opens the log and reads one stream's last record: its open+read time, its RSS after
@@ -177,8 +177,8 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         "sequencer": sequencer_url,
         "retention_ms": args.retention_ms,
     }
-    if mode == "auto":
-        options["maintenance"] = "auto"
+    # "off" and "explicit" too: automatic maintenance is the default now.
+    options["maintenance"] = "auto" if mode == "auto" else "off"
     try:
         log = disklesslog.open(url, **options)
     except (ConfigError, TypeError) as exc:

@@ -132,6 +132,12 @@ PREFETCH = 8
 CHECKPOINT_LISTINGS = 3
 """Listings of the checkpoints one load tries when the chosen one vanishes meanwhile
 (deleted as superseded by a newer one, which the next listing shows)."""
+DELETE_CHUNK = 64
+"""Superseded entries and checkpoints the clean-up deletes at a time (several at once on
+object storage: :meth:`~disklesslog.storage.store.ObjectStore.delete`), looking between
+chunks whether the sequencer was closed: closing waits for one chunk at most, a few
+round trips."""
+
 NEWEST_CHECKPOINTS_KEPT = 2
 """Checkpoints kept however young besides the one that supersedes old entries: the
 newest, and the one before it as the route around damage to the newest. One more is
@@ -929,12 +935,16 @@ class ObjectStoreSequencer(Sequencer):
             cleaner.join()
 
     def _delete(self, doomed: list[str]) -> int:
+        """Delete ``doomed`` in chunks of :data:`DELETE_CHUNK`, stopping between chunks
+        once the sequencer is closed (what is left is still superseded: the next
+        clean-up deletes it)."""
         deleted = 0
-        for path in doomed:
-            if self._closed:  # what is left is still superseded: the next clean-up
+        for start in range(0, len(doomed), DELETE_CHUNK):
+            if self._closed:
                 break
-            self._storage.delete(path)
-            deleted += 1
+            chunk = doomed[start : start + DELETE_CHUNK]
+            self._storage.delete(chunk)
+            deleted += len(chunk)
         return deleted
 
     def _superseded(

@@ -144,6 +144,6 @@ class SequencerStorage:
         never a mix or nothing (a rename on local disks; a PUT elsewhere)."""
         self.store.put(self._key(path), data)
 
-    def delete(self, path: str) -> None:
-        """Delete an object; a missing one is fine."""
-        self.store.delete([self._key(path)])
+    def delete(self, paths: list[str]) -> None:
+        """Delete objects (several at once on object storage); a missing one is fine."""
+        self.store.delete([self._key(path) for path in paths])

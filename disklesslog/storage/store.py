@@ -22,6 +22,7 @@ import os
 import time
 import weakref
 from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 from ..forks import reset_after_fork
@@ -31,9 +32,14 @@ from .atomic import replace_file
 from .conditional import put_if_absent
 from .filesystems import is_local
 
-__all__ = ["ObjectStore"]
+__all__ = ["DELETE_CONCURRENCY", "ObjectStore"]
 
 T = TypeVar("T")
+
+DELETE_CONCURRENCY = 16
+"""Deletes in flight at once on object storage (:meth:`ObjectStore.delete`): at a
+bucket's 20-50 ms per request, 300-800 objects a second instead of 20-50. (S3 does not
+charge for DELETE requests; their round trips are what they cost.)"""
 
 
 class ObjectStore:
@@ -304,33 +310,51 @@ class ObjectStore:
 
     def delete(self, keys: Iterable[str]) -> int:
         """Delete objects, retrying failures (counted in ``<prefix>delete_errors``);
-        returns how many existed (counted in ``<prefix>deletes``). Deleting is
-        idempotent: an object already missing (deleted by someone else, or by an
-        earlier attempt whose response was lost) counts as deleted."""
-        deleted = 0
-        for key in keys:
-            if self._local is not None:  # the common case without the retry machinery
-                try:
-                    os.remove(self.path(key))
-                except FileNotFoundError:
-                    continue
-                except OSError:
-                    pass  # retried below, and raised as a StorageError if it persists
-                else:
-                    deleted += 1
-                    self.metrics.add(f"{self.prefix}deletes")
-                    continue
-            try:
-                self.request(
-                    functools.partial(self.fs.rm_file, self.path(key)),
-                    f"could not delete {self.name(key)}",
-                    errors="delete",
-                )
-            except FileNotFoundError:
-                continue
-            deleted += 1
-            self.metrics.add(f"{self.prefix}deletes")
-        return deleted
+        returns how many existed as far as the store tells (counted in
+        ``<prefix>deletes``; S3 answers a delete of a missing key as a success).
+        Deleting is idempotent: an object already missing (deleted by someone else, or
+        by an earlier attempt whose response was lost) is not an error.
+
+        On object storage up to :data:`DELETE_CONCURRENCY` requests run at once: a
+        delete is one request per object on every store, and one at a time a bucket's
+        round trip (tens of milliseconds) would bound garbage collection and the
+        sequencer's clean-up to a few dozen objects a second, less than one busy writer
+        makes. A failure that lasts is raised after the other deletes have run."""
+        keys = list(keys)
+        if self._local is not None:  # the common case without the retry machinery
+            return sum(self._delete_local(key) for key in keys)
+        if len(keys) <= 1:
+            return sum(self._delete_remote(key) for key in keys)
+        with ThreadPoolExecutor(
+            max_workers=min(DELETE_CONCURRENCY, len(keys)),
+            thread_name_prefix="disklesslog-delete",
+        ) as pool:
+            futures = [pool.submit(self._delete_remote, key) for key in keys]
+        # Every delete has run (leaving the block waits for them): the first lasting
+        # failure is raised only now, so that it stops none of the others.
+        return sum(future.result() for future in futures)
+
+    def _delete_local(self, key: str) -> int:
+        try:
+            os.remove(self.path(key))
+        except FileNotFoundError:
+            return 0
+        except OSError:
+            return self._delete_remote(key)  # retried, and raised as a StorageError
+        self.metrics.add(f"{self.prefix}deletes")
+        return 1
+
+    def _delete_remote(self, key: str) -> int:
+        try:
+            self.request(
+                functools.partial(self.fs.rm_file, self.path(key)),
+                f"could not delete {self.name(key)}",
+                errors="delete",
+            )
+        except FileNotFoundError:
+            return 0
+        self.metrics.add(f"{self.prefix}deletes")
+        return 1
 
 
 def _local_names(directory: str) -> list[str]:

@@ -470,6 +470,9 @@ class _WriteFile:
 fsspec.register_implementation("faulty", FaultyFileSystem, clobber=True)
 
 
+_BUDGETS_LOCK = threading.Lock()
+
+
 class FaultyMemoryFileSystem(MemoryFileSystem):  # type: ignore[misc]
     """fsspec's memory filesystem with injected latency, failures and damage.
 
@@ -521,11 +524,14 @@ class FaultyMemoryFileSystem(MemoryFileSystem):  # type: ignore[misc]
 
     @classmethod
     def _inject(cls, budget: str, message: str) -> None:
-        """Raise ``fault`` if the failures left in the setting ``budget`` are not spent."""
-        left = getattr(cls, budget)
-        if left > 0:
+        """Raise ``fault`` if the failures left in the setting ``budget`` are not spent
+        (counted under a lock: deletes run in several threads at once)."""
+        with _BUDGETS_LOCK:
+            left = getattr(cls, budget)
+            if left <= 0:
+                return
             setattr(cls, budget, left - 1)
-            raise cls.fault(message)
+        raise cls.fault(message)
 
     def pipe_file(self, path: str, value: bytes, mode: str = "overwrite", **kwargs: Any) -> None:
         type(self).puts += 1

@@ -777,7 +777,12 @@ def test_commits_do_not_wait_for_the_clean_up_their_checkpoint_starts(clock_root
     seq.close()
 
 
-def test_closing_stops_the_clean_up_after_the_object_it_is_deleting(clock_root: str) -> None:
+def test_closing_stops_the_clean_up_after_the_chunk_it_is_deleting(
+    clock_root: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The clean-up deletes in chunks (several objects at once on object storage) and
+    looks between them whether the sequencer was closed; here a chunk is one object."""
+    monkeypatch.setattr(objectstore_module, "DELETE_CHUNK", 1)
     clock = Clock()
     seq = _superseding_clean_up_started(clock_root, clock)
     closing = threading.Thread(target=seq.close)

@@ -7,6 +7,7 @@ tests/maintenance/test_tier_*.py, tests/sequencers/test_objectstore*.py.)"""
 from __future__ import annotations
 
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,7 +17,7 @@ import pytest
 from disklesslog import StorageError
 from disklesslog.metrics import Metrics
 from disklesslog.storage.filesystems import open_filesystem
-from disklesslog.storage.store import ObjectStore
+from disklesslog.storage.store import DELETE_CONCURRENCY, ObjectStore
 from disklesslog.testing import FaultyMemoryFileSystem
 
 DATA = bytes(range(100))
@@ -216,3 +217,52 @@ def test_a_local_delete_that_fails_is_retried_then_a_storage_error(tmp_path: Pat
     assert store.get("objects/a") is None  # deleted before the failure
     assert store.get("objects/folder/inside") == b"x"
     assert counters(store)["deletes"] == 1
+
+
+def test_deletes_on_object_storage_run_several_at_once(
+    faulty: ObjectStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One request per object on every store: one at a time, a bucket's round trip
+    bounded garbage collection to a few dozen objects a second."""
+    keys = [f"objects/{i:03d}" for i in range(64)]
+    for key in keys:
+        faulty.put(key, DATA)
+    rm_file = faulty.fs.rm_file
+    lock = threading.Lock()
+    in_flight = [0, 0]  # now, most at once
+
+    def slow(path: str) -> None:
+        with lock:
+            in_flight[0] += 1
+            in_flight[1] = max(in_flight[1], in_flight[0])
+        time.sleep(0.02)  # a bucket's round trip
+        rm_file(path)
+        with lock:
+            in_flight[0] -= 1
+
+    monkeypatch.setattr(faulty.fs, "rm_file", slow)
+    assert faulty.delete([*keys, "objects/never-there"]) == 64
+    assert faulty.listing("objects") == {}
+    assert in_flight[1] == DELETE_CONCURRENCY
+    assert counters(faulty)["deletes"] == 64
+
+
+def test_a_delete_that_keeps_failing_does_not_stop_the_others(faulty: ObjectStore) -> None:
+    keys = [f"objects/{i:03d}" for i in range(40)]
+    for key in keys:
+        faulty.put(key, DATA)
+    original = FaultyMemoryFileSystem.rm_file
+
+    def failing(self: FaultyMemoryFileSystem, path: str) -> None:
+        if path.endswith("/objects/007"):
+            raise FaultyMemoryFileSystem.fault(f"injected DELETE failure for {path}")
+        original(self, path)
+
+    FaultyMemoryFileSystem.rm_file = failing  # type: ignore[method-assign]
+    try:
+        with pytest.raises(StorageError, match=r"could not delete .*/objects/007 after 5"):
+            faulty.delete(keys)
+    finally:
+        FaultyMemoryFileSystem.rm_file = original  # type: ignore[method-assign]
+    assert sorted(faulty.listing("objects")) == ["objects/007"]
+    assert counters(faulty)["delete_errors"] == 5
