@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/probes.py            all probes
     .venv/bin/python benchmarks/probes.py packb      one of: packb, append, writer, pagecache,
-                                                     reopen, streams
+                                                     reopen, streams, busythread
 
 ``packb``   the cost of ``msgpack.packb`` on a 1,000 x 1 KiB batch body (what
             ``format.encode_batch`` does) against a pre-sized or reused ``msgpack.Packer``,
@@ -18,6 +18,10 @@
             fstat'ed) before and closed after, as parking and reopening does.
 ``streams`` 100,000 streams of a local log, each appended to twice and read back, in
             this process under ``ulimit -n 1024`` (minutes: creating the directories).
+``busythread`` what a busy thread of the same process (as maintenance is) costs a writer:
+            ``Stream.append`` on an object log (object-store sequencer, ``file://`` in
+            ``$TMPDIR``) for 5 s alone, then beside a thread spinning in Python for
+            10%, 25% and 50% of every 100 ms.
 
 Each number is the best of 5 timed loops (``writer``: one loop per setting, 3 times).
 """
@@ -258,7 +262,50 @@ def streams(count: int = 100_000) -> None:
         )
 
 
+def busythread() -> None:
+    import threading
+
+    with tempfile.TemporaryDirectory() as directory:
+        log = disklesslog.open(
+            f"file://{directory}/log",
+            backend="objects",
+            sequencer="objectstore://",
+            maintenance="off",
+        )
+        names = [log.create_stream(f"s{i}") for i in range(10)]
+
+        def appends_per_second(seconds: float = 5.0) -> float:
+            count, start = 0, time.perf_counter()
+            while time.perf_counter() - start < seconds:
+                names[count % 10].append(b"v" * 100)
+                count += 1
+            return count / (time.perf_counter() - start)
+
+        def spin(share: float, stop: threading.Event) -> None:
+            while not stop.is_set():
+                began = time.perf_counter()
+                while time.perf_counter() - began < 0.1 * share:
+                    sum(range(1000))
+                time.sleep(0.1 * (1 - share))
+
+        appends_per_second(2.0)  # warm up
+        alone = appends_per_second()
+        print(f"  alone: {alone:,.0f} appends/s")
+        for share in (0.1, 0.25, 0.5):
+            stop = threading.Event()
+            thread = threading.Thread(target=spin, args=(share, stop))
+            thread.start()
+            rate = appends_per_second()
+            stop.set()
+            thread.join()
+            print(
+                f"  beside a thread busy {share:.0%}: {rate:,.0f} appends/s ({rate / alone:.2f}x)"
+            )
+        log.close()
+
+
 PROBES = {
+    "busythread": busythread,
     "packb": packb,
     "append": append,
     "writer": writer,

@@ -21,7 +21,9 @@ waited 10 s for the first entry it ever won.
   after the win (a loser may have had a PUT in flight when it won): a process that
   keeps losing to it gets that number, and from its first loss on the winner yields
   as above. A writer alone pays that wait once every :data:`PROBE_EVERY` entries, and
-  only while its entries follow each other without a pause.
+  only while its entries follow each other without a pause; the latencies it waits
+  are measured ones (it measures a PUT on every entry, and until it has measured a
+  GET, that stands in for one), never a guess far above what its storage takes.
 * **The longest loser goes first.** A loser reads the entry it lost to (only that one:
   it knows it exists) and asks for the next number without probing for it, after a
   pause that shrinks with the races it lost in a row: a GET latency times
@@ -78,7 +80,7 @@ lost) the sequencer is called saturated."""
 WARN_EVERY = 60.0
 """Seconds between two warnings that the sequencer is saturated."""
 _SMOOTHING = 8  # the moving averages of latency follow the last few requests
-_FIRST_GUESS = 0.01  # seconds, until a request was measured
+_FIRST_GUESS = 0.01  # seconds, until a request was measured (see Pacing.get_seconds)
 
 
 class Pacing:
@@ -90,7 +92,8 @@ class Pacing:
         self._clock = clock  # monotonic seconds (a test injects its own)
         self._lock = fork_safe_lock()
         self.put_seconds = _FIRST_GUESS
-        self.get_seconds = _FIRST_GUESS
+        self._put_measured = False
+        self._get_seconds: float | None = None  # no GET measured yet
         self._lost_at = -float("inf")
         self._won_at = -float("inf")
         self._losses_in_a_row = 0
@@ -110,10 +113,28 @@ class Pacing:
     # ------------------------------------------------------------ measurements
 
     def observe_put(self, seconds: float) -> None:
+        if not self._put_measured:  # the first measurement replaces the guess
+            self._put_measured = True
+            self.put_seconds = seconds
+            return
         self.put_seconds += (seconds - self.put_seconds) / _SMOOTHING
 
     def observe_get(self, seconds: float) -> None:
-        self.get_seconds += (seconds - self.get_seconds) / _SMOOTHING
+        if self._get_seconds is None:
+            self._get_seconds = seconds
+            return
+        self._get_seconds += (seconds - self._get_seconds) / _SMOOTHING
+
+    @property
+    def get_seconds(self) -> float:
+        """The GET latency, as measured; until a GET was, the smaller of the first guess
+        and the measured PUT latency. A writer alone measures GETs rarely (it reads
+        entries only to catch up, every few minutes) but a PUT on every entry, and
+        its probes wait a few GET latencies: at a guessed 10 ms on a local disk, where
+        a request takes 0.1 ms, they took half of its time."""
+        if self._get_seconds is not None:
+            return self._get_seconds
+        return min(_FIRST_GUESS, self.put_seconds)
 
     def won(self) -> None:
         with self._lock:

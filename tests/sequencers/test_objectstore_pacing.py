@@ -146,3 +146,24 @@ def test_metrics_count_what_happened() -> None:
     assert metrics["sequencer_backlog"] == 7
     assert metrics["sequencer_put_latency_ms"] == pytest.approx(20, rel=0.1)
     assert metrics["sequencer_get_latency_ms"] == pytest.approx(10, rel=0.1)
+
+
+def test_latencies_are_measured_ones_not_the_first_guess() -> None:
+    """A writer alone measures a PUT on every entry but a GET only when it catches up
+    (every few minutes), and its probes wait a few GET latencies: guessed at 10 ms on a
+    disk that answers in 0.1 ms, they took half of its time (371 against 1,484 entries
+    a second). Until a GET is measured the PUT latency stands in for it when smaller,
+    and the first measurement of each replaces the guess."""
+    clock = Clock()
+    pacing = Pacing(clock)
+    pacing.observe_put(0.0001)
+    assert pacing.put_seconds == 0.0001
+    assert pacing.get_seconds == 0.0001  # no GET measured: the PUT's latency
+    for _ in range(PROBE_EVERY):
+        pacing.won()
+    assert pacing.pause_before_try() == pytest.approx(0.0001 + YIELD_GETS * 0.0001)
+    pacing.observe_get(0.00005)
+    assert pacing.get_seconds == 0.00005  # measured: the guess is gone at once
+    slow = Pacing(clock)
+    slow.observe_put(0.05)  # a slow bucket: the guess (10 ms) until a GET is measured
+    assert slow.get_seconds == 0.01
