@@ -25,6 +25,7 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
+from ..errors import DisklessLogError
 from ..forks import reset_after_fork
 from ..metrics import Metrics
 from ..retries import ATTEMPTS, DEADLINE, DELAY, retrying
@@ -32,7 +33,7 @@ from .atomic import replace_file
 from .conditional import put_if_absent
 from .filesystems import is_local
 
-__all__ = ["DELETE_CONCURRENCY", "ObjectStore"]
+__all__ = ["DELETE_CONCURRENCY", "DELETE_WINDOW", "ObjectStore"]
 
 T = TypeVar("T")
 
@@ -40,6 +41,9 @@ DELETE_CONCURRENCY = 16
 """Deletes in flight at once on object storage (:meth:`ObjectStore.delete`): at a
 bucket's 20-50 ms per request, 300-800 objects a second instead of 20-50. (S3 does not
 charge for DELETE requests; their round trips are what they cost.)"""
+
+DELETE_WINDOW = 1024
+"""Deletes :meth:`ObjectStore.delete` hands to its threads at a time."""
 
 
 class ObjectStore:
@@ -325,14 +329,23 @@ class ObjectStore:
             return sum(self._delete_local(key) for key in keys)
         if len(keys) <= 1:
             return sum(self._delete_remote(key) for key in keys)
+        deleted, failure = 0, None
         with ThreadPoolExecutor(
             max_workers=min(DELETE_CONCURRENCY, len(keys)),
             thread_name_prefix="disklesslog-delete",
         ) as pool:
-            futures = [pool.submit(self._delete_remote, key) for key in keys]
-        # Every delete has run (leaving the block waits for them): the first lasting
-        # failure is raised only now, so that it stops none of the others.
-        return sum(future.result() for future in futures)
+            # A window at a time: garbage collection hands over 100,000s of keys at
+            # once, and a future for each would hold memory for all of them.
+            for start in range(0, len(keys), DELETE_WINDOW):
+                window = keys[start : start + DELETE_WINDOW]
+                for future in [pool.submit(self._delete_remote, key) for key in window]:
+                    try:
+                        deleted += future.result()
+                    except DisklessLogError as exc:  # raised once every delete has run
+                        failure = failure or exc
+        if failure is not None:
+            raise failure
+        return deleted
 
     def _delete_local(self, key: str) -> int:
         try:

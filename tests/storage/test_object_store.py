@@ -16,6 +16,7 @@ import pytest
 
 from disklesslog import StorageError
 from disklesslog.metrics import Metrics
+from disklesslog.storage import store as store_module
 from disklesslog.storage.filesystems import open_filesystem
 from disklesslog.storage.store import DELETE_CONCURRENCY, ObjectStore
 from disklesslog.testing import FaultyMemoryFileSystem
@@ -247,7 +248,11 @@ def test_deletes_on_object_storage_run_several_at_once(
     assert counters(faulty)["deletes"] == 64
 
 
-def test_a_delete_that_keeps_failing_does_not_stop_the_others(faulty: ObjectStore) -> None:
+def test_a_delete_that_keeps_failing_does_not_stop_the_others(
+    faulty: ObjectStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Nor the later windows of keys (here 8 keys each; the failing one is in the first)."""
+    monkeypatch.setattr(store_module, "DELETE_WINDOW", 8)
     keys = [f"objects/{i:03d}" for i in range(40)]
     for key in keys:
         faulty.put(key, DATA)

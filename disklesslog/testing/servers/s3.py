@@ -25,7 +25,8 @@ def moto_s3_server(start_timeout: float = 30.0) -> Iterator[str]:
     """Run moto's S3 server as a process on a free port of 127.0.0.1; yield its endpoint
     URL; stop the process however the block is left. (Needs ``moto[server]``.)"""
     port = free_port()
-    command = [sys.executable, "-m", "moto.server", "-H", HOST, "-p", str(port)]
+    # moto's server, with conditional PUTs made atomic as S3's are (see moto_s3.py).
+    command = [sys.executable, "-m", f"{__package__}.moto_s3", "-H", HOST, "-p", str(port)]
     with run_server(command, name="the moto S3 server", port=port, start_timeout=start_timeout):
         yield f"http://{HOST}:{port}"
 
