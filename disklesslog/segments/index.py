@@ -122,7 +122,7 @@ class SparseIndex(Entries):
         if header is None:
             return False
         count, crc = header
-        end = HEADER.size + count * self._entry.size
+        end = self._end(count)
         self.tidy = len(data) == end
         if len(data) < end or (strict and not self.tidy):
             return False
@@ -150,7 +150,7 @@ class SparseIndex(Entries):
                 return False
             count, crc = header
             size = (count - self._disk) * self._entry.size
-            data = os.pread(fd, size, HEADER.size + self._disk * self._entry.size)
+            data = os.pread(fd, size, self._end(self._disk))
         finally:
             close_quietly(fd)  # read only
         if len(data) != size or crc32c(data, self._disk_crc) != crc:
